@@ -1,0 +1,80 @@
+// protocol/wire/packet.cpp — encoding and validating packet headers.
+#include "packet.hpp"
+
+#include <cstring>
+
+namespace ami::wire {
+
+std::string_view to_string(DecodeError e) {
+  switch (e) {
+    case DecodeError::none: return "none";
+    case DecodeError::truncated: return "truncated";
+    case DecodeError::bad_magic: return "bad_magic";
+    case DecodeError::bad_version: return "bad_version";
+    case DecodeError::bad_type: return "bad_type";
+    case DecodeError::bad_flags: return "bad_flags";
+    case DecodeError::bad_length: return "bad_length";
+    case DecodeError::bad_offset: return "bad_offset";
+  }
+  return "unknown";
+}
+
+namespace {
+
+DecodeError check_lengths(const PacketHeader& h, std::size_t size) {
+  if (h.header_len > kMaxUserHeader) return DecodeError::bad_length;
+  const std::size_t body = size - sizeof(PacketHeader);
+  if (h.header_len > body || h.payload_len != body - h.header_len) return DecodeError::bad_length;
+  const auto type = static_cast<PacketType>(h.type);
+  if (type == PacketType::remote_done && (h.payload_len != 0 || h.header_len != 0))
+    return DecodeError::bad_length;
+  if (type == PacketType::am_more && h.header_len != 0) return DecodeError::bad_length;
+  return DecodeError::none;
+}
+
+DecodeError check_offsets(const PacketHeader& h) {
+  if (h.offset > h.total_len || h.payload_len > h.total_len - h.offset)
+    return DecodeError::bad_offset;
+  const auto type = static_cast<PacketType>(h.type);
+  if (type == PacketType::am_first && h.offset != 0) return DecodeError::bad_offset;
+  if (type == PacketType::am_more && (h.offset == 0 || h.payload_len == 0))
+    return DecodeError::bad_offset;
+  return DecodeError::none;
+}
+
+}  // namespace
+
+DecodeError decode(std::span<const std::byte> packet, PacketView& out) {
+  if (packet.size() < sizeof(PacketHeader)) return DecodeError::truncated;
+  PacketHeader h;
+  std::memcpy(&h, packet.data(), sizeof h);
+  if (h.magic != kMagic) return DecodeError::bad_magic;
+  if (h.version != kVersion) return DecodeError::bad_version;
+  if (h.type == 0 || h.type > kLastPacketType) return DecodeError::bad_type;
+  if ((h.flags & ~kKnownFlags) != 0) return DecodeError::bad_flags;
+  if (DecodeError e = check_lengths(h, packet.size()); e != DecodeError::none) return e;
+  if (DecodeError e = check_offsets(h); e != DecodeError::none) return e;
+  out.header = h;
+  out.user_header = packet.subspan(sizeof h, h.header_len);
+  out.payload = packet.subspan(sizeof h + h.header_len, h.payload_len);
+  return DecodeError::none;
+}
+
+std::size_t encode(const PacketHeader& header, std::span<const std::byte> user_header,
+                   std::byte* out) {
+  std::memcpy(out, &header, sizeof header);
+  if (!user_header.empty()) std::memcpy(out + sizeof header, user_header.data(), user_header.size());
+  return sizeof header + user_header.size();
+}
+
+PacketHeader make_header(PacketType type, std::uint16_t dispatch, std::uint64_t message_id,
+                         std::uint64_t total_len, std::uint64_t offset,
+                         std::uint32_t payload_len, std::uint16_t header_len,
+                         std::uint16_t flags) {
+  return PacketHeader{.magic = kMagic, .version = kVersion, .type = static_cast<std::uint8_t>(type),
+                      .flags = flags, .dispatch = dispatch, .header_len = header_len,
+                      .payload_len = payload_len, .message_id = message_id,
+                      .total_len = total_len, .offset = offset};
+}
+
+}  // namespace ami::wire

@@ -1,0 +1,114 @@
+// The engine's receive path fed hand-built packets, as a hostile or broken
+// peer would send them. Each case says what must happen.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "ami/device/region_table.hpp"
+#include "protocol/eager/am_engine.hpp"
+#include "transport/self/self_device.hpp"
+
+using namespace ami;
+using namespace ami::wire;
+
+namespace {
+
+struct Rig {
+  device::RegionTable regions{1, 0, 16};
+  self::SelfDomain domain{0, 2, 64, 1024, regions};
+  self::SelfDevice dev{domain, 0, 16};
+  ContextStats stats;
+  protocol::AmEngine engine{{1, 2, 16}, stats};
+  int dispatched = 0;
+  std::vector<std::uint8_t> buffer;
+  int done = 0;
+  Status done_status;
+
+  Rig() {
+    engine.add_device(dev);
+    REQUIRE(engine.set_dispatch(4, {&Rig::handler, this}).ok());
+  }
+  static void handler(void* c, const Incoming& in, Receive* recv) {
+    auto* r = static_cast<Rig*>(c);
+    ++r->dispatched;
+    if (recv != nullptr) {
+      r->buffer.assign(in.total_bytes, 0);
+      recv->buffer = r->buffer.data();
+      recv->done = {&Rig::on_done, r};
+    }
+  }
+  static void on_done(void* c, Status s) {
+    auto* r = static_cast<Rig*>(c);
+    ++r->done;
+    r->done_status = s;
+  }
+  void feed(const PacketHeader& h, std::size_t user, std::size_t payload) {
+    std::vector<std::byte> p(sizeof h + user + payload, std::byte{1});
+    std::memcpy(p.data(), &h, sizeof h);
+    engine.on_packet({0, 1}, p);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("garbage is dropped and counted by reason, never dispatched") {
+  Rig r;
+  std::vector<std::byte> junk(10, std::byte{0xAB});
+  r.engine.on_packet({0, 1}, junk);  // Expect: truncated
+  PacketHeader h = make_header(PacketType::am_first, 4, 0, 8, 0, 8, 0);
+  h.magic = 1;
+  r.feed(h, 0, 8);  // Expect: bad_magic
+  h = make_header(PacketType::am_first, 4, 0, 8, 0, 8, 0);
+  r.feed(h, 0, 9);  // Expect: bad_length
+  CHECK(r.dispatched == 0);
+  CHECK(r.stats.malformed_packets == 3);
+  CHECK(r.stats.malformed_by_reason[0] == 1);
+  CHECK(malformed_reason_name(0) == "truncated");
+  CHECK(r.stats.malformed_by_reason[1] == 1);
+  CHECK(r.stats.malformed_by_reason[5] == 1);
+  CHECK(malformed_reason_name(5) == "bad_length");
+}
+
+TEST_CASE("an origin outside the job is refused") {
+  Rig r;
+  std::vector<std::byte> p(sizeof(PacketHeader));
+  const PacketHeader h = make_header(PacketType::am_first, 4, 0, 0, 0, 0, 0);
+  std::memcpy(p.data(), &h, sizeof h);
+  r.engine.on_packet({7, 0}, p);  // Expect: bad_origin, no dispatch
+  CHECK(r.dispatched == 0);
+  CHECK(r.stats.malformed_by_reason[8] == 1);
+}
+
+TEST_CASE("fragments out of sequence are dropped; the message completes only when whole") {
+  Rig r;
+  r.feed(make_header(PacketType::am_more, 4, 9, 100, 50, 50, 0), 0, 50);  // Expect: no message in flight
+  CHECK(r.stats.malformed_by_reason[7] == 1);
+  r.feed(make_header(PacketType::am_first, 4, 9, 100, 0, 40, 0), 0, 40);  // Expect: handler gives a buffer
+  CHECK(r.dispatched == 1);
+  r.feed(make_header(PacketType::am_more, 4, 9, 100, 60, 40, 0), 0, 40);  // Expect: gap, dropped
+  r.feed(make_header(PacketType::am_more, 4, 8, 100, 40, 40, 0), 0, 40);  // Expect: other id, dropped
+  r.feed(make_header(PacketType::am_more, 4, 9, 200, 40, 40, 0), 0, 40);  // Expect: other total, dropped
+  CHECK(r.stats.malformed_by_reason[7] == 4);
+  CHECK(r.done == 0);
+  r.feed(make_header(PacketType::am_more, 4, 9, 100, 40, 60, 0), 0, 60);  // Expect: completes
+  CHECK(r.done == 1);
+  CHECK(r.done_status.ok());
+}
+
+TEST_CASE("a new message cutting an incomplete one fails the old one's done") {
+  Rig r;
+  r.feed(make_header(PacketType::am_first, 4, 1, 100, 0, 40, 0), 0, 40);
+  r.feed(make_header(PacketType::am_first, 4, 2, 10, 0, 10, 0), 0, 10);  // Expect: old fails, new dispatched
+  CHECK(r.done == 1);
+  CHECK(r.done_status == StatusCode::malformed_packet);
+  CHECK(r.dispatched == 2);
+}
+
+TEST_CASE("a remote_done naming no live request is dropped") {
+  Rig r;
+  r.feed(make_header(PacketType::remote_done, 0, 12345, 0, 0, 0, 0), 0, 0);
+  r.feed(make_header(PacketType::remote_done, 0, (1ull << 63) | 3, 0, 0, 0, 0), 0, 0);
+  CHECK(r.stats.malformed_by_reason[7] == 2);
+  CHECK(r.stats.remote_done_received == 0);
+}

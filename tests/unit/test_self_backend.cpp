@@ -1,0 +1,350 @@
+// Active messages, PUT and GET through the self backend: the whole path
+// (public API, engine, device contract, reception queue, remote keys).
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <functional>
+#include <cstring>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "ami/ami.hpp"
+
+using namespace ami;
+
+namespace {
+
+ClientOptions options(std::uint16_t contexts, std::uint64_t fifo_depth = 256) {
+  ClientOptions o;
+  o.name = "test";
+  o.contexts = contexts;
+  REQUIRE(o.config.set("AMI_FIFO_DEPTH", std::to_string(fifo_depth)).ok());
+  return o;
+}
+
+std::span<const std::byte> bytes_of(const std::vector<std::uint8_t>& v) {
+  return std::as_bytes(std::span(v));
+}
+
+std::vector<std::uint8_t> pattern(std::size_t n, std::uint8_t seed) {
+  std::vector<std::uint8_t> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::uint8_t>(seed + i * 7 + (i >> 9));
+  return v;
+}
+
+// A receiver that takes whole messages into vectors.
+struct Sink {
+  std::vector<std::vector<std::uint8_t>> headers, payloads;
+  std::vector<Endpoint> origins;
+  int done = 0;
+  std::vector<std::uint8_t> big;  // the last message's payload, however it came
+
+  static void on_done(void* c, Status s) {
+    CHECK(s.ok());
+    ++static_cast<Sink*>(c)->done;
+  }
+  static void handler(void* cookie, const Incoming& in, Receive* recv) {
+    auto* s = static_cast<Sink*>(cookie);
+    auto h = reinterpret_cast<const std::uint8_t*>(in.header.data());
+    s->headers.emplace_back(h, h + in.header.size());
+    s->origins.push_back(in.origin);
+    if (recv == nullptr) {
+      auto p = reinterpret_cast<const std::uint8_t*>(in.payload.data());
+      s->payloads.emplace_back(p, p + in.payload.size());
+      s->big.assign(p, p + in.payload.size());
+      ++s->done;
+      return;
+    }
+    s->big.assign(in.total_bytes, 0);
+    recv->buffer = s->big.data();
+    recv->done = {&Sink::on_done, s};
+  }
+};
+
+struct Counter {
+  int calls = 0;
+  Status last;
+  static void fn(void* c, Status s) {
+    auto* k = static_cast<Counter*>(c);
+    ++k->calls;
+    k->last = s;
+  }
+  Callback cb() { return {&Counter::fn, this}; }
+};
+
+void advance_until(Context& a, Context& b, const std::function<bool()>& done) {
+  for (int i = 0; i < 1000000 && !done(); ++i) {
+    (void)a.advance();
+    (void)b.advance();
+  }
+  REQUIRE(done());
+}
+
+}  // namespace
+
+TEST_CASE("small, empty and header-only messages between two contexts") {
+  Client client(options(2));
+  Context &a = client.context(0), &b = client.context(1);
+  Sink sink;
+  REQUIRE(b.set_dispatch(5, {&Sink::handler, &sink}).ok());
+  CHECK(a.backend_for({0, 1}) == "self");
+
+  const auto hdr = pattern(12, 1), pay = pattern(100, 2);
+  Counter local;
+  REQUIRE(a.send({.dest = {0, 1}, .dispatch = 5, .header = bytes_of(hdr), .payload = bytes_of(pay),
+                  .local_done = local.cb()}).ok());
+  REQUIRE(a.send({.dest = {0, 1}, .dispatch = 5}).ok());  // nothing at all
+  advance_until(a, b, [&] { return sink.done == 2 && local.calls == 1; });
+  CHECK(sink.headers[0] == hdr);
+  CHECK(sink.payloads[0] == pay);
+  CHECK(sink.headers[1].empty());
+  CHECK(sink.payloads[1].empty());
+  CHECK(sink.origins[0] == Endpoint{0, 0});
+  CHECK(local.last.ok());
+  CHECK(a.stats().messages_sent == 2);
+  CHECK(b.stats().messages_received == 2);
+}
+
+TEST_CASE("large messages are cut into packets and reassembled, with remote done") {
+  Client client(options(2, 8));  // a small FIFO: packets wait in the work queue
+  Context &a = client.context(0), &b = client.context(1);
+  Sink sink;
+  REQUIRE(b.set_dispatch(1, {&Sink::handler, &sink}).ok());
+  for (std::size_t size : {std::size_t{8000}, std::size_t{8192}, std::size_t{100000}, std::size_t{1} << 20}) {
+    CAPTURE(size);
+    const auto pay = pattern(size, static_cast<std::uint8_t>(size));
+    const auto hdr = pattern(40, 9);
+    Counter local, remote;
+    const int before = sink.done;
+    REQUIRE(a.send({.dest = {0, 1}, .dispatch = 1, .header = bytes_of(hdr), .payload = bytes_of(pay),
+                    .local_done = local.cb(), .remote_done = remote.cb()}).ok());
+    advance_until(a, b, [&] { return remote.calls == 1 && local.calls == 1; });
+    CHECK(sink.done == before + 1);
+    CHECK(sink.big == pay);
+    CHECK(sink.headers.back() == hdr);
+    CHECK(remote.last.ok());
+  }
+  CHECK(a.stats().queued > 0);
+  CHECK(b.stats().malformed_packets == 0);
+}
+
+TEST_CASE("a message to a context with no handler is dropped and counted; remote done says so") {
+  Client client(options(2));
+  Context &a = client.context(0), &b = client.context(1);
+  const auto pay = pattern(50000, 3);
+  Counter local, remote;
+  REQUIRE(a.send({.dest = {0, 1}, .dispatch = 77, .payload = bytes_of(pay), .local_done = local.cb(),
+                  .remote_done = remote.cb()}).ok());
+  advance_until(a, b, [&] { return remote.calls == 1 && local.calls == 1; });
+  CHECK(remote.last == StatusCode::unknown_dispatch);
+  CHECK(b.stats().unknown_dispatch == 1);
+  CHECK(b.stats().discarded_bytes == pay.size());
+  CHECK(b.stats().malformed_packets == 0);
+}
+
+TEST_CASE("send to self context, and many messages keep their order") {
+  Client client(options(1, 16));
+  Context& a = client.context(0);
+  struct Order {
+    std::uint32_t next = 0;
+    bool ok = true;
+    static void h(void* c, const Incoming& in, Receive*) {
+      auto* o = static_cast<Order*>(c);
+      std::uint32_t v;
+      std::memcpy(&v, in.payload.data(), sizeof v);
+      if (v != o->next++) o->ok = false;
+    }
+  } order;
+  REQUIRE(a.set_dispatch(0, {&Order::h, &order}).ok());
+  std::vector<std::uint32_t> values(5000);
+  std::iota(values.begin(), values.end(), 0u);
+  for (auto& v : values) {  // more than the FIFO holds: the rest queue in order
+    Status s;
+    while ((s = a.send({.dest = {0, 0}, .dispatch = 0, .payload = std::as_bytes(std::span(&v, 1))})) ==
+           StatusCode::no_resource)
+      (void)a.advance();  // every request is queued: let some go
+    REQUIRE(s.ok());
+  }
+  for (int i = 0; i < 100000 && order.next < values.size(); ++i) (void)a.advance();
+  CHECK(order.next == values.size());
+  CHECK(order.ok);
+}
+
+TEST_CASE("send_immediate: buffer reusable on return; a full FIFO is no_resource, not queued") {
+  Client client(options(2, 4));
+  Context &a = client.context(0), &b = client.context(1);
+  Sink sink;
+  REQUIRE(b.set_dispatch(2, {&Sink::handler, &sink}).ok());
+  std::vector<std::uint8_t> buf = pattern(64, 4);
+  const auto expect = buf;
+  int accepted = 0;
+  Status last;
+  for (int i = 0; i < 10; ++i) {
+    last = a.send_immediate({.dest = {0, 1}, .dispatch = 2, .payload = bytes_of(buf)});
+    if (!last.ok()) break;
+    std::fill(buf.begin(), buf.end(), 0xEE);  // reuse at once
+    buf = expect;
+    ++accepted;
+  }
+  CHECK(accepted == 4);
+  CHECK(last == StatusCode::no_resource);
+  advance_until(a, b, [&] { return sink.done == 4; });
+  for (auto& p : sink.payloads) CHECK(p == expect);
+  CHECK(a.send_immediate({.dest = {0, 1}, .dispatch = 2, .payload = bytes_of(buf)}).ok());
+
+  std::vector<std::uint8_t> too_big(a.immediate_limit({0, 1}) + 1);
+  CHECK(a.send_immediate({.dest = {0, 1}, .dispatch = 2, .payload = bytes_of(too_big)}) ==
+        StatusCode::invalid_argument);
+}
+
+TEST_CASE("send queues when the FIFO is full; only an exhausted pool is no_resource") {
+  ClientOptions o = options(2, 4);
+  REQUIRE(o.config.set("AMI_MAX_REQUESTS", "3").ok());
+  Client client(std::move(o));
+  Context &a = client.context(0), &b = client.context(1);
+  Sink sink;
+  REQUIRE(b.set_dispatch(2, {&Sink::handler, &sink}).ok());
+  const auto pay = pattern(16, 5);
+  int accepted = 0;
+  Status s;
+  while ((s = a.send({.dest = {0, 1}, .dispatch = 2, .payload = bytes_of(pay)})).ok()) ++accepted;
+  CHECK(accepted == 4 + 3);  // four straight into the FIFO, three requests queued
+  CHECK(s == StatusCode::no_resource);
+  CHECK(std::string(s.what()).find("AMI_MAX_REQUESTS") != std::string::npos);
+  advance_until(a, b, [&] { return sink.done == accepted; });
+  CHECK(a.stats().queued == 3);
+}
+
+TEST_CASE("put and get move bytes; callbacks say when") {
+  Client client(options(2));
+  Context &a = client.context(0), &b = client.context(1);
+  std::vector<std::uint8_t> target(1 << 16, 0), source = pattern(1 << 16, 7), back(1 << 16, 0);
+  Memory tm, sm, bm;
+  REQUIRE(client.register_memory(target.data(), target.size(), tm).ok());
+  REQUIRE(client.register_memory(source.data(), source.size(), sm).ok());
+  REQUIRE(client.register_memory(back.data(), back.size(), bm).ok());
+
+  // The key travels as bytes, as it would to another process.
+  const auto wire = tm.remote_key().to_bytes();
+  RemoteKey key;
+  REQUIRE(RemoteKey::from_bytes(wire, key).ok());
+  CHECK(key == tm.remote_key());
+
+  Counter put_done, get_done;
+  REQUIRE(a.put({.dest = {0, 1}, .local = &sm, .local_offset = 100, .remote = key,
+                 .remote_offset = 200, .bytes = 30000, .local_done = put_done.cb()}).ok());
+  advance_until(a, b, [&] { return put_done.calls == 1; });
+  CHECK(put_done.last.ok());
+  CHECK(std::memcmp(target.data() + 200, source.data() + 100, 30000) == 0);
+  CHECK(target[199] == 0);
+  CHECK(target[200 + 30000] == 0);
+
+  REQUIRE(a.get({.dest = {0, 1}, .local = &bm, .local_offset = 0, .remote = key,
+                 .remote_offset = 200, .bytes = 30000, .local_done = get_done.cb()}).ok());
+  advance_until(a, b, [&] { return get_done.calls == 1; });
+  CHECK(std::memcmp(back.data(), source.data() + 100, 30000) == 0);
+  CHECK(a.stats().puts == 1);
+  CHECK(a.stats().gets == 1);
+}
+
+TEST_CASE("remote keys are checked: range, staleness, other jobs") {
+  Client client(options(2));
+  Client other(options(1));
+  Context &a = client.context(0), &b = client.context(1);
+  std::vector<std::uint8_t> buf(4096), local(4096);
+  Memory lm;
+  REQUIRE(client.register_memory(local.data(), local.size(), lm).ok());
+  RemoteKey key;
+  {
+    Memory m;
+    REQUIRE(client.register_memory(buf.data(), buf.size(), m).ok());
+    key = m.remote_key();
+    CHECK(a.put({.dest = {0, 1}, .local = &lm, .remote = key, .remote_offset = 4000, .bytes = 200}) ==
+          StatusCode::remote_access);  // past the region, refused at the origin
+  }
+  // Deregistered: the origin cannot know, the target refuses it.
+  Counter done;
+  REQUIRE(a.put({.dest = {0, 1}, .local = &lm, .remote = key, .bytes = 16, .local_done = done.cb()}).ok());
+  advance_until(a, b, [&] { return done.calls == 1; });
+  CHECK(done.last == StatusCode::remote_access);
+  CHECK(std::string(done.last.what()).find("stale") != std::string::npos);
+
+  // A forged key that claims a bigger region than was registered.
+  Memory m;
+  REQUIRE(client.register_memory(buf.data(), 1024, m).ok());
+  RemoteKey forged = m.remote_key();
+  forged.length = 4096;
+  Counter forged_done;
+  REQUIRE(a.put({.dest = {0, 1}, .local = &lm, .remote = forged, .remote_offset = 2048, .bytes = 16,
+                 .local_done = forged_done.cb()}).ok());
+  advance_until(a, b, [&] { return forged_done.calls == 1; });
+  CHECK(forged_done.last == StatusCode::remote_access);
+
+  // A key from another job.
+  std::vector<std::uint8_t> obuf(64);
+  Memory om;
+  REQUIRE(other.register_memory(obuf.data(), obuf.size(), om).ok());
+  Counter other_done;
+  REQUIRE(a.put({.dest = {0, 1}, .local = &lm, .remote = om.remote_key(), .bytes = 16,
+                 .local_done = other_done.cb()}).ok());
+  advance_until(a, b, [&] { return other_done.calls == 1; });
+  CHECK(other_done.last == StatusCode::remote_access);
+  // And local memory of another client is not registered here.
+  CHECK(a.put({.dest = {0, 1}, .local = &om, .remote = m.remote_key(), .bytes = 16}) ==
+        StatusCode::not_registered);
+}
+
+TEST_CASE("invalid arguments name the problem") {
+  Client client(options(2));
+  Context& a = client.context(0);
+  std::vector<std::uint8_t> big_header(200);
+  const Status cases[] = {
+      a.send({.dest = {1, 0}}),
+      a.send({.dest = {0, 9}}),
+      a.send({.dest = {0, 1}, .dispatch = 300}),
+      a.send({.dest = {0, 1}, .header = bytes_of(big_header)}),
+      a.send({.dest = {0, 1}, .payload = {static_cast<const std::byte*>(nullptr), 12}}),
+      a.set_dispatch(kMaxDispatch, {}),
+      a.put({.dest = {0, 1}, .local = nullptr, .bytes = 1}),
+      client.register_memory(nullptr, 16, *std::make_unique<Memory>()),
+  };
+  for (const Status& s : cases) {
+    CAPTURE(to_string(s));
+    CHECK(s.code() != StatusCode::ok);
+    CHECK(std::string(s.what()).size() > 10);
+  }
+  CHECK(std::string(cases[4].what()) == "send: payload is null but its length is not zero");
+  CHECK(cases[6] == StatusCode::not_registered);
+}
+
+TEST_CASE("two threads, two contexts, streaming both ways") {
+  Client client(options(2, 16));
+  constexpr int kMessages = 20000;
+  struct Count {
+    std::atomic<int> n{0};
+    static void h(void* c, const Incoming&, Receive*) { static_cast<Count*>(c)->n.fetch_add(1); }
+  } got[2];
+  REQUIRE(client.context(0).set_dispatch(0, {&Count::h, &got[0]}).ok());
+  REQUIRE(client.context(1).set_dispatch(0, {&Count::h, &got[1]}).ok());
+  auto run = [&](std::uint16_t me) {
+    Context& c = client.context(me);
+    const std::uint16_t peer = me ^ 1;
+    std::uint64_t value = me;
+    int sent = 0;
+    while (sent < kMessages || got[me].n.load() < kMessages) {
+      if (sent < kMessages) {
+        Status s = c.send_immediate({.dest = {0, peer}, .dispatch = 0,
+                                     .payload = std::as_bytes(std::span(&value, 1))});
+        if (s.ok()) ++sent;
+        else REQUIRE(s == StatusCode::no_resource);
+      }
+      (void)c.advance();
+    }
+  };
+  std::thread t0(run, 0), t1(run, 1);
+  t0.join();
+  t1.join();
+  CHECK(got[0].n.load() == kMessages);
+  CHECK(got[1].n.load() == kMessages);
+}

@@ -1,0 +1,75 @@
+// ami_info — what this build of ami offers on this machine, and its
+// configuration (-c): every AMI_* variable with its default, current value
+// and documentation.
+#include <infiniband/verbs.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string_view>
+
+#include "ami/ami.hpp"
+
+namespace {
+
+void print_config() {
+  std::vector<std::string> warnings;
+  const ami::Config config = ami::Config::from_environment(environ, warnings);
+  for (const std::string& w : warnings) std::printf("# warning: %s\n", w.c_str());
+  for (const ami::ParamSpec& p : ami::config_table()) {
+    std::printf("#\n# %.*s\n", static_cast<int>(p.doc.size()), p.doc.data());
+    std::printf("# default: %.*s\n", static_cast<int>(p.default_value.size()), p.default_value.data());
+    if (p.type != ami::ParamType::text && p.type != ami::ParamType::boolean)
+      std::printf("# range: %llu..%llu%s\n", static_cast<unsigned long long>(p.min),
+                  static_cast<unsigned long long>(p.max),
+                  p.type == ami::ParamType::power_of_two ? ", a power of two" : "");
+    const std::string& value = config.text(p.name);
+    const std::string_view origin = config.origin(p.name);
+    std::printf("%.*s=%s%s\n", static_cast<int>(p.name.size()), p.name.data(), value.c_str(),
+                origin == "environment" ? "   # from the environment" : "");
+  }
+}
+
+void print_devices() {
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  if (list == nullptr || n == 0) {
+    std::printf("# verbs devices: none found\n");
+  } else {
+    for (int i = 0; i < n; ++i) std::printf("# verbs device: %s\n", ibv_get_device_name(list[i]));
+  }
+  if (list != nullptr) ibv_free_device_list(list);
+}
+
+int usage(const char* argv0) {
+  std::fprintf(stderr, "usage: %s [-c] [-h]\n  -c  print the configuration table\n", argv0);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool config = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "-c") == 0) config = true;
+    else if (std::strcmp(argv[i], "-h") == 0) return usage(argv[0]) == 2 ? 0 : 1;
+    else return usage(argv[0]);
+  }
+  if (config) {
+    print_config();
+    return 0;
+  }
+  std::printf("# ami %s\n", AMI_VERSION);
+  std::printf("# backends: self (memcpy, same process)\n");
+  print_devices();
+  try {
+    ami::Client client(ami::ClientOptions{.name = "ami_info", .contexts = 1});
+    std::printf("# task %u of %u, %u context(s), self reaches context 0: %s\n", client.task(),
+                client.size(), client.context_count(),
+                std::string(client.context(0).backend_for({0, 0})).c_str());
+  } catch (const ami::Error& e) {
+    std::fprintf(stderr, "ami_info: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,80 @@
+// ami/context.hpp — a context: a partition of the client's resources with
+// its own work queue, advanced by one thread at a time.
+//
+// Owned by its Client; references stay valid for the Client's life. post
+// calls (send, send_immediate, put, get) and advance() are not thread-safe:
+// one thread drives a context at a time, which lock()/try_lock() arrange
+// when threads share one. Two contexts share no queue, so two threads on two
+// contexts never contend. Callbacks run only inside advance().
+//
+// When an injection FIFO is full:
+//  - send(), put() and get() queue the instruction in the context's work
+//    queue (a request from a pool sized by AMI_MAX_REQUESTS) and return ok;
+//    queued instructions go out in order, before later ones to the same
+//    endpoint, as advance() frees slots. Only an exhausted pool makes them
+//    return no_resource.
+//  - send_immediate() never queues: it returns no_resource, and the caller
+//    advances and retries.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "ami/callback.hpp"
+#include "ami/dispatch.hpp"
+#include "ami/memory.hpp"
+#include "ami/params.hpp"
+#include "ami/stats.hpp"
+#include "ami/status.hpp"
+
+namespace ami {
+
+class Client;
+
+namespace detail {
+struct ContextImpl;
+}
+
+class Context {
+ public:
+  static constexpr std::size_t kMaxHeaderBytes = 128;
+
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  std::uint16_t index() const;
+  Client& client() const;
+
+  // Registers (or with a null fn, removes) the handler for id.
+  Status set_dispatch(std::uint16_t id, Dispatch dispatch);
+
+  Status send(const SendParams& params);
+  Status send_immediate(const SendImmediateParams& params);
+  // Largest header + payload send_immediate() takes to dest (0: unreachable).
+  std::size_t immediate_limit(Endpoint dest);
+
+  Status put(const RdmaParams& params);
+  Status get(const RdmaParams& params);
+
+  // Makes progress: device work, completions, queued instructions, arrivals.
+  // Returns the number of events handled (0 when idle).
+  std::size_t advance(std::size_t max_loops = 1);
+
+  void lock();
+  bool try_lock();
+  void unlock();
+
+  const ContextStats& stats() const;
+  // Name of the backend that reaches dest ("self", "shm", "verbs"), or "".
+  std::string_view backend_for(Endpoint dest);
+
+ private:
+  friend class Client;
+  explicit Context(std::unique_ptr<detail::ContextImpl> impl);
+  std::unique_ptr<detail::ContextImpl> impl_;
+};
+
+}  // namespace ami

@@ -1,0 +1,71 @@
+// ami/device/device.hpp — the contract between protocol engines and backends.
+//
+// A Device is one backend's share of one context: it reaches some peers,
+// owns one Lane per peer it talks to, and makes progress when asked. A Lane
+// is an ordered path to one peer context whose injection FIFO the protocol
+// fills; the device consumes the descriptors in order, advances the FIFO's
+// transfer counter, and delivers arriving packets to the PacketSink. The
+// device never interprets packet bytes, and the protocol never touches a
+// queue pair or a shared segment. Not thread-safe: the context's advancing
+// thread drives both sides.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "ami/callback.hpp"
+#include "ami/device/descriptor.hpp"
+#include "ami/device/injection_fifo.hpp"
+
+namespace ami::device {
+
+// Receives every packet the device takes off the wire; bytes are valid only
+// during the call and are untrusted.
+class PacketSink {
+ public:
+  virtual void on_packet(Endpoint origin, std::span<const std::byte> bytes) = 0;
+
+ protected:
+  ~PacketSink() = default;
+};
+
+class Lane {
+ public:
+  using Fifo = InjectionFifo<Descriptor>;
+
+  Lane(Endpoint peer, std::uint32_t fifo_depth) : peer_(peer), fifo_(fifo_depth) {}
+  virtual ~Lane() = default;
+  Lane(const Lane&) = delete;
+  Lane& operator=(const Lane&) = delete;
+
+  Endpoint peer() const { return peer_; }
+  Fifo& fifo() { return fifo_; }
+
+  // Largest packet (inline bytes plus referenced payload) the lane carries.
+  virtual std::size_t max_packet() const = 0;
+  // Delivers in injection order (a single RC QP or ring does).
+  virtual bool ordered() const { return true; }
+  // Doorbell: descriptors up to fifo().injected() are committed.
+  virtual void ring() = 0;
+
+ private:
+  Endpoint peer_;
+  Fifo fifo_;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  virtual std::string_view name() const = 0;
+  virtual bool can_reach(Endpoint peer) const = 0;
+  // The lane to peer, made on first use; nullptr when it cannot be made.
+  virtual Lane* lane(Endpoint peer) = 0;
+  // Moves descriptors and counters, and hands up to budget arrivals to sink.
+  // Returns how much work was done (0: idle).
+  virtual std::size_t progress(PacketSink& sink, std::size_t budget) = 0;
+};
+
+}  // namespace ami::device

@@ -1,0 +1,163 @@
+// ami/device/reception_queue.hpp — a bounded ring of fixed-size cells that
+// packets arrive in, one per receiving context.
+//
+// The ring is laid out in memory it does not own (heap for the self backend,
+// a shared segment for shm), holds offsets and counters only, never
+// pointers, and starts with a versioned header checked on attach. Producers
+// (any number, any process) reserve a cell, fill it and commit it; a reserved
+// cell that is not wanted after all is discarded, which the consumer skips.
+// Each cell carries a sequence number published with release and read with
+// acquire (the bounded queue of D. Vyukov): a producer may fill its cell
+// while others fill theirs. Head and tail live on separate cache lines.
+// One consumer: the thread advancing the receiving context.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+
+namespace ami::device {
+
+inline constexpr std::size_t kCacheLine = 64;
+
+class ReceptionQueue {
+ public:
+  static constexpr std::uint32_t kMagic = 0x51524D41;  // "AMRQ"
+  static constexpr std::uint32_t kVersion = 1;
+
+  struct alignas(kCacheLine) Header {
+    std::uint32_t magic;
+    std::uint32_t version;
+    std::uint32_t depth;       // cells, a power of two
+    std::uint32_t cell_bytes;  // stride of one cell, a multiple of kCacheLine
+    std::uint64_t cells_offset;
+    alignas(kCacheLine) std::atomic<std::uint64_t> tail;  // next cell to reserve
+    alignas(kCacheLine) std::atomic<std::uint64_t> head;  // next cell to consume
+  };
+
+  struct Cell {
+    std::atomic<std::uint64_t> sequence;
+    std::uint32_t length;  // bytes of data; kDiscarded marks a discarded cell
+    std::uint32_t origin;  // who sent it, as the backend numbers its peers
+    // data follows
+  };
+  static constexpr std::uint32_t kDiscarded = 0xFFFFFFFFu;
+  static constexpr std::size_t kCellHeader = sizeof(Cell);
+  static_assert(kCellHeader == 16);
+
+  static std::size_t bytes_needed(std::uint32_t depth, std::uint32_t cell_bytes) {
+    return sizeof(Header) + std::size_t{depth} * cell_bytes;
+  }
+  static bool valid_shape(std::uint32_t depth, std::uint32_t cell_bytes) {
+    return depth >= 2 && (depth & (depth - 1)) == 0 && cell_bytes >= 2 * kCacheLine &&
+           cell_bytes % kCacheLine == 0;
+  }
+
+  ReceptionQueue() = default;
+
+  // Lays a fresh ring out in memory (kCacheLine-aligned, bytes_needed() long).
+  static ReceptionQueue create(void* memory, std::uint32_t depth, std::uint32_t cell_bytes) {
+    auto* h = new (memory) Header{};
+    h->magic = kMagic;
+    h->version = kVersion;
+    h->depth = depth;
+    h->cell_bytes = cell_bytes;
+    h->cells_offset = sizeof(Header);
+    h->tail.store(0, std::memory_order_relaxed);
+    h->head.store(0, std::memory_order_relaxed);
+    ReceptionQueue q(h);
+    for (std::uint32_t i = 0; i < depth; ++i) {
+      Cell* c = new (q.cell(i)) Cell{};
+      c->sequence.store(i, std::memory_order_relaxed);
+    }
+    std::atomic_thread_fence(std::memory_order_release);
+    return q;
+  }
+
+  // Checks the header of a ring made elsewhere; false if it is not one.
+  static bool attach(void* memory, std::size_t bytes, ReceptionQueue& out) {
+    if (bytes < sizeof(Header)) return false;
+    auto* h = static_cast<Header*>(memory);
+    if (h->magic != kMagic || h->version != kVersion) return false;
+    if (!valid_shape(h->depth, h->cell_bytes) || h->cells_offset != sizeof(Header)) return false;
+    if (bytes_needed(h->depth, h->cell_bytes) > bytes) return false;
+    out = ReceptionQueue(h);
+    return true;
+  }
+
+  bool valid() const { return header_ != nullptr; }
+  std::uint32_t depth() const { return header_->depth; }
+  std::size_t max_data() const { return header_->cell_bytes - kCellHeader; }
+
+  // Producer side. A reservation holds one cell until commit() or discard().
+  struct Reservation {
+    Cell* cell = nullptr;
+    std::uint64_t position = 0;
+    std::byte* data() const { return reinterpret_cast<std::byte*>(cell) + kCellHeader; }
+    explicit operator bool() const { return cell != nullptr; }
+  };
+
+  Reservation reserve() {
+    std::uint64_t pos = header_->tail.load(std::memory_order_relaxed);
+    for (;;) {
+      Cell* c = cell(pos);
+      const std::uint64_t seq = c->sequence.load(std::memory_order_acquire);
+      const auto diff = static_cast<std::int64_t>(seq - pos);
+      if (diff == 0) {
+        if (header_->tail.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed))
+          return {c, pos};
+      } else if (diff < 0) {
+        return {};  // full
+      } else {
+        pos = header_->tail.load(std::memory_order_relaxed);
+      }
+    }
+  }
+
+  void commit(Reservation r, std::uint32_t length, std::uint32_t origin) {
+    r.cell->length = length;
+    r.cell->origin = origin;
+    r.cell->sequence.store(r.position + 1, std::memory_order_release);
+  }
+  void discard(Reservation r) { commit(r, kDiscarded, 0); }
+
+  // Consumer side: the next committed cell's data, or an empty span. A
+  // discarded cell is released and skipped.
+  struct Arrival {
+    std::span<const std::byte> data;
+    std::uint32_t origin = 0;
+  };
+  bool peek(Arrival& out) {
+    for (;;) {
+      const std::uint64_t pos = header_->head.load(std::memory_order_relaxed);
+      Cell* c = cell(pos);
+      if (c->sequence.load(std::memory_order_acquire) != pos + 1) return false;
+      if (c->length == kDiscarded || c->length > max_data()) {
+        release();  // discarded, or a length no honest producer writes
+        continue;
+      }
+      out.data = {reinterpret_cast<const std::byte*>(c) + kCellHeader, c->length};
+      out.origin = c->origin;
+      return true;
+    }
+  }
+  // Hands the cell peek() returned back to the producers.
+  void release() {
+    const std::uint64_t pos = header_->head.load(std::memory_order_relaxed);
+    cell(pos)->sequence.store(pos + header_->depth, std::memory_order_release);
+    header_->head.store(pos + 1, std::memory_order_relaxed);
+  }
+
+ private:
+  explicit ReceptionQueue(Header* h) : header_(h) {}
+  Cell* cell(std::uint64_t pos) const {
+    auto* base = reinterpret_cast<std::byte*>(header_) + header_->cells_offset;
+    return reinterpret_cast<Cell*>(base + (pos & (header_->depth - 1)) * header_->cell_bytes);
+  }
+
+  Header* header_ = nullptr;
+};
+
+}  // namespace ami::device

@@ -1,0 +1,43 @@
+// ami/dispatch.hpp — what a receiver registers per dispatch id and what its
+// handler sees.
+//
+// A handler runs inside Context::advance() on the receiving context. It sees
+// the user header and, when the whole payload arrived with it, the payload
+// (recv is then nullptr). Otherwise it tells ami where to put the data by
+// filling *recv: a buffer of in.total_bytes and a done callback that runs
+// when every byte is in place. A null buffer discards the data (counted in
+// the statistics); done still runs. The spans are valid only during the
+// call: copy what you keep.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "ami/callback.hpp"
+
+namespace ami {
+
+inline constexpr std::uint16_t kMaxDispatch = 256;  // ids 0..255
+
+struct Incoming {
+  Endpoint origin;
+  std::uint16_t dispatch = 0;
+  std::span<const std::byte> header;
+  std::span<const std::byte> payload;  // the whole payload when recv is nullptr
+  std::size_t total_bytes = 0;
+};
+
+struct Receive {
+  void* buffer = nullptr;  // in.total_bytes long, owned by the handler's caller
+  Callback done;
+};
+
+using DispatchFn = void (*)(void* cookie, const Incoming& in, Receive* recv);
+
+struct Dispatch {
+  DispatchFn fn = nullptr;
+  void* cookie = nullptr;
+};
+
+}  // namespace ami

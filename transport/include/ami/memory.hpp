@@ -1,0 +1,77 @@
+// ami/memory.hpp — registered memory and the remote keys that name it.
+//
+// Client::register_memory() returns a Memory: a move-only owner of one
+// registration. The caller owns the buffer and must keep it alive while the
+// Memory lives; the Memory must not outlive its Client. Destroying the Memory
+// deregisters it; remote keys naming it are refused from then on.
+//
+// A RemoteKey is plain data that the owner hands to peers (as bytes) so they
+// can PUT into or GET from the region. Wire input: from_bytes() validates it
+// and every use is checked against the owner's registration.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "ami/status.hpp"
+
+namespace ami {
+
+namespace device {
+class RegionTable;
+}
+
+struct RemoteKey {
+  static constexpr std::size_t kSerializedSize = 48;
+  static constexpr std::uint32_t kMagic = 0x314B5241;  // "ARK1"
+
+  std::uint64_t job = 0;         // the job that made it: keys of another job are refused
+  std::uint32_t task = 0;        // the task owning the region
+  std::uint32_t region = 0;      // index in the owner's region table
+  std::uint32_t generation = 0;  // the registration's generation: stale keys are refused
+  std::uint32_t backend_key = 0; // e.g. the verbs rkey
+  std::uint64_t address = 0;     // the region's first byte in the owner's address space
+  std::uint64_t length = 0;
+
+  std::array<std::byte, kSerializedSize> to_bytes() const;
+  // Rejects a truncated buffer or a bad magic, and a range that wraps.
+  static Status from_bytes(std::span<const std::byte> bytes, RemoteKey& out);
+
+  friend bool operator==(const RemoteKey&, const RemoteKey&) = default;
+};
+
+class Memory {
+ public:
+  Memory() = default;
+  Memory(device::RegionTable* table, std::uint32_t region, RemoteKey key, void* address,
+         std::size_t length)
+      : table_(table), region_(region), key_(key), address_(address), length_(length) {}
+  Memory(Memory&& other) noexcept;
+  Memory& operator=(Memory&& other) noexcept;
+  Memory(const Memory&) = delete;
+  Memory& operator=(const Memory&) = delete;
+  ~Memory();
+
+  bool valid() const { return table_ != nullptr; }
+  void* address() const { return address_; }
+  std::size_t length() const { return length_; }
+  std::uint32_t region() const { return region_; }
+  const RemoteKey& remote_key() const { return key_; }
+  // True when [offset, offset + bytes) lies inside the registration.
+  bool covers(std::uint64_t offset, std::uint64_t bytes) const {
+    return offset <= length_ && bytes <= length_ - offset;
+  }
+
+ private:
+  void release();
+
+  device::RegionTable* table_ = nullptr;
+  std::uint32_t region_ = 0;
+  RemoteKey key_{};
+  void* address_ = nullptr;
+  std::size_t length_ = 0;
+};
+
+}  // namespace ami

@@ -1,0 +1,41 @@
+// ami/params.hpp — the arguments of the post calls: plain data the caller
+// fills; nothing in them is kept after the call but what each field says.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "ami/callback.hpp"
+#include "ami/memory.hpp"
+
+namespace ami {
+
+struct SendParams {
+  Endpoint dest;
+  std::uint16_t dispatch = 0;
+  std::span<const std::byte> header;   // at most Context::kMaxHeaderBytes (128), copied at once
+  std::span<const std::byte> payload;  // any size; read until local_done
+  Callback local_done;                 // payload buffer reusable
+  Callback remote_done;                // the target's done ran (optional)
+};
+
+struct SendImmediateParams {
+  Endpoint dest;
+  std::uint16_t dispatch = 0;
+  std::span<const std::byte> header;
+  std::span<const std::byte> payload;  // header + payload <= Context::immediate_limit()
+};
+
+// PUT copies local -> remote, GET remote -> local. Offsets are from the start
+// of the local registration and of the remote key's region.
+struct RdmaParams {
+  Endpoint dest;
+  const Memory* local = nullptr;
+  std::uint64_t local_offset = 0;
+  RemoteKey remote{};
+  std::uint64_t remote_offset = 0;
+  std::uint64_t bytes = 0;
+  Callback local_done;  // PUT: local buffer reusable; GET: data is in place
+};
+
+}  // namespace ami

@@ -1,0 +1,91 @@
+// self_device.cpp — the self backend's setup and data path (both small).
+#include "self_device.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace ami::self {
+
+void SelfDomain::FreeAligned::operator()(void* p) const { std::free(p); }
+
+SelfDomain::SelfDomain(std::uint32_t task, std::uint16_t contexts, std::uint32_t queue_depth,
+                       std::uint32_t cell_bytes, const device::RegionTable& regions)
+    : task_(task), regions_(regions) {
+  const std::size_t one = device::ReceptionQueue::bytes_needed(queue_depth, cell_bytes);
+  void* mem = std::aligned_alloc(device::kCacheLine, one * contexts);
+  if (mem == nullptr) throw std::bad_alloc();
+  memory_.reset(mem);
+  for (std::uint16_t c = 0; c < contexts; ++c)
+    queues_.push_back(device::ReceptionQueue::create(static_cast<std::byte*>(mem) + one * c,
+                                                     queue_depth, cell_bytes));
+}
+
+SelfDevice::SelfDevice(SelfDomain& domain, std::uint16_t context, std::uint32_t fifo_depth)
+    : domain_(domain), context_(context), fifo_depth_(fifo_depth), lanes_(domain.contexts()) {}
+
+bool SelfDevice::can_reach(Endpoint peer) const {
+  return peer.task == domain_.task() && peer.context < domain_.contexts();
+}
+
+device::Lane* SelfDevice::lane(Endpoint peer) {
+  if (!can_reach(peer)) return nullptr;
+  auto& l = lanes_[peer.context];
+  if (!l)
+    l = std::make_unique<SelfLane>(peer, fifo_depth_, domain_.queue(peer.context).max_data());
+  return l.get();
+}
+
+// Carries out descriptor n; false when the target queue is full and the
+// lane must stall (the descriptor stays in the FIFO).
+bool SelfDevice::execute(SelfLane& lane, std::uint64_t n) {
+  device::Descriptor& d = lane.fifo().at(n);
+  if (d.kind == device::DescriptorKind::packet) {
+    device::ReceptionQueue& q = domain_.queue(lane.peer().context);
+    auto r = q.reserve();
+    if (!r) return false;
+    const device::PacketDescriptor& p = d.packet;
+    std::memcpy(r.data(), p.inline_data, p.inline_len);
+    if (p.payload_len != 0) std::memcpy(r.data() + p.inline_len, p.payload, p.payload_len);
+    q.commit(r, p.inline_len + p.payload_len, context_);
+    return true;
+  }
+  const device::RdmaDescriptor& x = d.rdma;
+  std::byte* remote = nullptr;
+  Status s = domain_.regions().check(x.remote, x.remote_address, x.length, remote);
+  if (!s.ok()) {
+    lane.fifo().fail_one(n, s);
+    return true;
+  }
+  if (x.length != 0) {
+    if (d.kind == device::DescriptorKind::put)
+      std::memmove(remote, x.local, x.length);
+    else
+      std::memmove(x.local, remote, x.length);
+  }
+  return true;
+}
+
+std::size_t SelfDevice::drain_lane(SelfLane& lane) {
+  auto& fifo = lane.fifo();
+  std::uint64_t done = fifo.counter().snapshot();
+  const std::uint64_t start = done;
+  while (done < fifo.injected() && execute(lane, done)) ++done;
+  if (done != start) fifo.counter().advance_to(done);
+  return done - start;
+}
+
+std::size_t SelfDevice::progress(device::PacketSink& sink, std::size_t budget) {
+  std::size_t work = 0;
+  for (auto& l : lanes_)
+    if (l) work += drain_lane(*l);
+  device::ReceptionQueue& q = domain_.queue(context_);
+  device::ReceptionQueue::Arrival a;
+  for (std::size_t i = 0; i < budget && q.peek(a); ++i, ++work) {
+    sink.on_packet(Endpoint{domain_.task(), static_cast<std::uint16_t>(a.origin)}, a.data);
+    q.release();
+  }
+  return work;
+}
+
+}  // namespace ami::self

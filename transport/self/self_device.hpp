@@ -1,0 +1,73 @@
+// self_device.hpp — the self backend: peers that are contexts of this very
+// process, reached by memcpy through the same device contract as every other
+// backend (injection FIFO, transfer counter, reception queue, remote keys).
+//
+// SelfDomain is owned by the Client and holds one reception queue per
+// context; each context owns a SelfDevice with one SelfLane per target
+// context. The device does its work in progress(), not when a descriptor is
+// posted, so completion goes through the transfer counter exactly as on a NIC.
+// A full target queue stalls that lane until the target drains it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ami/device/device.hpp"
+#include "ami/device/reception_queue.hpp"
+#include "ami/device/region_table.hpp"
+
+namespace ami::self {
+
+class SelfDomain {
+ public:
+  SelfDomain(std::uint32_t task, std::uint16_t contexts, std::uint32_t queue_depth,
+             std::uint32_t cell_bytes, const device::RegionTable& regions);
+
+  std::uint32_t task() const { return task_; }
+  std::uint16_t contexts() const { return static_cast<std::uint16_t>(queues_.size()); }
+  device::ReceptionQueue& queue(std::uint16_t context) { return queues_[context]; }
+  const device::RegionTable& regions() const { return regions_; }
+
+ private:
+  struct FreeAligned {
+    void operator()(void* p) const;
+  };
+
+  std::uint32_t task_;
+  const device::RegionTable& regions_;
+  std::unique_ptr<void, FreeAligned> memory_;
+  std::vector<device::ReceptionQueue> queues_;
+};
+
+class SelfLane final : public device::Lane {
+ public:
+  SelfLane(Endpoint peer, std::uint32_t fifo_depth, std::size_t max_packet)
+      : Lane(peer, fifo_depth), max_packet_(max_packet) {}
+  std::size_t max_packet() const override { return max_packet_; }
+  void ring() override {}
+
+ private:
+  std::size_t max_packet_;
+};
+
+class SelfDevice final : public device::Device {
+ public:
+  SelfDevice(SelfDomain& domain, std::uint16_t context, std::uint32_t fifo_depth);
+
+  std::string_view name() const override { return "self"; }
+  bool can_reach(Endpoint peer) const override;
+  device::Lane* lane(Endpoint peer) override;
+  std::size_t progress(device::PacketSink& sink, std::size_t budget) override;
+
+ private:
+  std::size_t drain_lane(SelfLane& lane);
+  bool execute(SelfLane& lane, std::uint64_t n);
+
+  SelfDomain& domain_;
+  std::uint16_t context_;
+  std::uint32_t fifo_depth_;
+  std::vector<std::unique_ptr<SelfLane>> lanes_;  // by target context
+};
+
+}  // namespace ami::self

@@ -1,0 +1,164 @@
+// config.cpp — the table of tunables and its reader.
+#include "ami/config.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <unistd.h>
+
+namespace ami {
+
+namespace {
+
+constexpr std::uint64_t kMiB = 1024 * 1024;
+
+constexpr ParamSpec kTable[] = {
+    {"AMI_FIFO_DEPTH", "256", ParamType::power_of_two, 4, 65536,
+     "Slots in each lane's injection FIFO; also the most descriptors in flight per lane."},
+    {"AMI_MAX_REQUESTS", "1024", ParamType::unsigned_int, 1, 1u << 20,
+     "Requests per context for instructions that wait in the work queue or for a remote answer."},
+    {"AMI_RECV_QUEUE_DEPTH", "256", ParamType::power_of_two, 4, 65536,
+     "Cells in each context's reception queue (self backend)."},
+    {"AMI_CELL_SIZE", "8192", ParamType::power_of_two, 256, 4 * kMiB,
+     "Bytes per reception queue cell, so the largest packet (self backend)."},
+    {"AMI_MAX_REGIONS", "4096", ParamType::unsigned_int, 1, 1u << 20,
+     "Memory registrations a client holds at once."},
+};
+
+bool parse(const ParamSpec& spec, std::string_view text, std::uint64_t& out) {
+  switch (spec.type) {
+    case ParamType::text: return true;
+    case ParamType::boolean:
+      if (text == "1" || text == "y" || text == "yes" || text == "true" || text == "on") {
+        out = 1;
+        return true;
+      }
+      if (text == "0" || text == "n" || text == "no" || text == "false" || text == "off") {
+        out = 0;
+        return true;
+      }
+      return false;
+    case ParamType::unsigned_int:
+    case ParamType::power_of_two: {
+      std::uint64_t v = 0;
+      auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+      if (ec != std::errc{} || end != text.data() + text.size()) return false;
+      if (v < spec.min || v > spec.max) return false;
+      if (spec.type == ParamType::power_of_two && (v & (v - 1)) != 0) return false;
+      out = v;
+      return true;
+    }
+  }
+  return false;
+}
+
+const ParamSpec* find(std::string_view name) {
+  for (const ParamSpec& p : kTable)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::span<const ParamSpec> config_table() { return kTable; }
+
+std::string_view closest_param(std::string_view unknown) {
+  std::string_view best;
+  std::size_t best_distance = unknown.size() / 2 + 1;  // beyond this it is no hint
+  for (const ParamSpec& p : kTable) {
+    const std::size_t d = edit_distance(unknown, p.name);
+    if (d < best_distance) {
+      best_distance = d;
+      best = p.name;
+    }
+  }
+  return best;
+}
+
+Config::Config() {
+  for (const ParamSpec& p : kTable) {
+    Value v{std::string(p.default_value), 0, "default"};
+    parse(p, p.default_value, v.number);
+    values_.emplace(std::string(p.name), std::move(v));
+  }
+}
+
+Status Config::set(std::string_view name, std::string_view value) {
+  const ParamSpec* spec = find(name);
+  if (spec == nullptr) return {StatusCode::invalid_argument, "config: unknown parameter"};
+  std::uint64_t number = 0;
+  if (!parse(*spec, value, number))
+    return {StatusCode::invalid_argument, "config: value does not parse or is out of range"};
+  Value& v = values_.find(name)->second;
+  v.text = std::string(value);
+  v.number = number;
+  v.origin = "set";
+  return Status::success();
+}
+
+Config Config::from_environment(const char* const* env, std::vector<std::string>& warnings) {
+  Config c;
+  for (; env != nullptr && *env != nullptr; ++env) {
+    const std::string_view entry(*env);
+    if (!entry.starts_with("AMI_")) continue;
+    const std::size_t eq = entry.find('=');
+    if (eq == std::string_view::npos) continue;
+    const std::string_view name = entry.substr(0, eq), value = entry.substr(eq + 1);
+    if (find(name) == nullptr) {
+      std::string w = "unknown variable " + std::string(name);
+      if (std::string_view near = closest_param(name); !near.empty())
+        w += " (did you mean " + std::string(near) + "?)";
+      warnings.push_back(std::move(w));
+      continue;
+    }
+    if (!c.set(name, value).ok()) {
+      warnings.push_back("ignoring " + std::string(name) + "=" + std::string(value) +
+                         ": not a valid value; keeping " + c.text(name));
+      continue;
+    }
+    c.values_.find(name)->second.origin = "environment";
+  }
+  return c;
+}
+
+Config Config::from_environment() {
+  std::vector<std::string> warnings;
+  Config c = from_environment(environ, warnings);
+  for (const std::string& w : warnings) std::fprintf(stderr, "ami: warning: %s\n", w.c_str());
+  return c;
+}
+
+std::uint64_t Config::number(std::string_view name) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? 0 : it->second.number;
+}
+
+bool Config::flag(std::string_view name) const { return number(name) != 0; }
+
+const std::string& Config::text(std::string_view name) const {
+  static const std::string kEmpty;
+  auto it = values_.find(name);
+  return it == values_.end() ? kEmpty : it->second.text;
+}
+
+std::string_view Config::origin(std::string_view name) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? std::string_view{} : it->second.origin;
+}
+
+}  // namespace ami

@@ -1,0 +1,80 @@
+// context.cpp — the public Context: argument checks in front of the engine.
+#include "ami/context.hpp"
+
+#include "ami/client.hpp"
+#include "context_impl.hpp"
+
+namespace ami {
+
+Context::Context(std::unique_ptr<detail::ContextImpl> impl) : impl_(std::move(impl)) {}
+Context::~Context() = default;
+
+std::uint16_t Context::index() const { return impl_->index; }
+Client& Context::client() const { return impl_->client; }
+const ContextStats& Context::stats() const { return impl_->stats; }
+
+Status Context::set_dispatch(std::uint16_t id, Dispatch dispatch) {
+  return impl_->engine.set_dispatch(id, dispatch);
+}
+
+Status Context::send(const SendParams& params) { return impl_->engine.send(params); }
+
+Status Context::send_immediate(const SendImmediateParams& params) {
+  return impl_->engine.send_immediate(params);
+}
+
+std::size_t Context::immediate_limit(Endpoint dest) { return impl_->engine.immediate_limit(dest); }
+
+std::string_view Context::backend_for(Endpoint dest) { return impl_->engine.backend_for(dest); }
+
+namespace {
+
+// The checks put and get share; names the call in every message.
+Status check_rdma(const Client& client, const RdmaParams& p, bool is_put) {
+  if (p.dest.task >= client.size() || p.dest.context >= client.context_count())
+    return {StatusCode::invalid_argument, is_put ? "put: endpoint is out of range" : "get: endpoint is out of range"};
+  if (p.local == nullptr || !p.local->valid())
+    return {StatusCode::not_registered, is_put ? "put: local memory is not registered" : "get: local memory is not registered"};
+  const RemoteKey& own = p.local->remote_key();
+  if (own.job != client.job() || own.task != client.task())
+    return {StatusCode::not_registered, is_put ? "put: local memory belongs to another client" : "get: local memory belongs to another client"};
+  if (!p.local->covers(p.local_offset, p.bytes))
+    return {StatusCode::invalid_argument, is_put ? "put: local range exceeds the registration" : "get: local range exceeds the registration"};
+  if (p.remote.task != p.dest.task)
+    return {StatusCode::invalid_argument, is_put ? "put: remote key belongs to another task than dest" : "get: remote key belongs to another task than dest"};
+  if (p.remote_offset > p.remote.length || p.bytes > p.remote.length - p.remote_offset)
+    return {StatusCode::remote_access, is_put ? "put: range exceeds the remote key's region" : "get: range exceeds the remote key's region"};
+  return Status::success();
+}
+
+}  // namespace
+
+Status Context::put(const RdmaParams& params) {
+  Status s = check_rdma(client(), params, true);
+  if (!s.ok()) return s;
+  auto* local = static_cast<std::byte*>(params.local->address()) + params.local_offset;
+  return impl_->engine.rdma(device::DescriptorKind::put, params, local, params.local->remote_key().backend_key);
+}
+
+Status Context::get(const RdmaParams& params) {
+  Status s = check_rdma(client(), params, false);
+  if (!s.ok()) return s;
+  auto* local = static_cast<std::byte*>(params.local->address()) + params.local_offset;
+  return impl_->engine.rdma(device::DescriptorKind::get, params, local, params.local->remote_key().backend_key);
+}
+
+std::size_t Context::advance(std::size_t max_loops) {
+  std::size_t events = 0;
+  for (std::size_t i = 0; i < max_loops; ++i) {
+    const std::size_t n = impl_->engine.advance();
+    events += n;
+    if (n == 0) break;
+  }
+  return events;
+}
+
+void Context::lock() { impl_->mutex.lock(); }
+bool Context::try_lock() { return impl_->mutex.try_lock(); }
+void Context::unlock() { impl_->mutex.unlock(); }
+
+}  // namespace ami

@@ -1,0 +1,90 @@
+// memory.cpp — remote key serialisation and the Memory owner.
+#include "ami/memory.hpp"
+
+#include <cstring>
+#include <utility>
+
+#include "ami/device/region_table.hpp"
+
+namespace ami {
+
+namespace {
+
+template <typename T>
+void put_field(std::byte*& p, T v) {
+  std::memcpy(p, &v, sizeof v);
+  p += sizeof v;
+}
+template <typename T>
+T get_field(const std::byte*& p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  p += sizeof v;
+  return v;
+}
+
+}  // namespace
+
+// Layout (little-endian): magic u32, task u32, region u32, generation u32,
+// backend_key u32, reserved u32, job u64, address u64, length u64.
+std::array<std::byte, RemoteKey::kSerializedSize> RemoteKey::to_bytes() const {
+  std::array<std::byte, kSerializedSize> out{};
+  std::byte* p = out.data();
+  put_field(p, kMagic);
+  put_field(p, task);
+  put_field(p, region);
+  put_field(p, generation);
+  put_field(p, backend_key);
+  put_field(p, std::uint32_t{0});
+  put_field(p, job);
+  put_field(p, address);
+  put_field(p, length);
+  return out;
+}
+
+Status RemoteKey::from_bytes(std::span<const std::byte> bytes, RemoteKey& out) {
+  if (bytes.size() < kSerializedSize)
+    return {StatusCode::invalid_argument, "remote key: fewer bytes than a serialised key"};
+  const std::byte* p = bytes.data();
+  if (get_field<std::uint32_t>(p) != kMagic)
+    return {StatusCode::invalid_argument, "remote key: bad magic"};
+  RemoteKey k;
+  k.task = get_field<std::uint32_t>(p);
+  k.region = get_field<std::uint32_t>(p);
+  k.generation = get_field<std::uint32_t>(p);
+  k.backend_key = get_field<std::uint32_t>(p);
+  if (get_field<std::uint32_t>(p) != 0)
+    return {StatusCode::invalid_argument, "remote key: reserved field is not zero"};
+  k.job = get_field<std::uint64_t>(p);
+  k.address = get_field<std::uint64_t>(p);
+  k.length = get_field<std::uint64_t>(p);
+  if (k.address + k.length < k.address)
+    return {StatusCode::invalid_argument, "remote key: region wraps around the address space"};
+  out = k;
+  return Status::success();
+}
+
+Memory::Memory(Memory&& other) noexcept
+    : table_(std::exchange(other.table_, nullptr)), region_(other.region_), key_(other.key_),
+      address_(other.address_), length_(other.length_) {}
+
+Memory& Memory::operator=(Memory&& other) noexcept {
+  if (this != &other) {
+    release();
+    table_ = std::exchange(other.table_, nullptr);
+    region_ = other.region_;
+    key_ = other.key_;
+    address_ = other.address_;
+    length_ = other.length_;
+  }
+  return *this;
+}
+
+Memory::~Memory() { release(); }
+
+void Memory::release() {
+  if (table_ != nullptr) table_->remove(region_);
+  table_ = nullptr;
+}
+
+}  // namespace ami
