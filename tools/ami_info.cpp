@@ -60,13 +60,16 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::printf("# ami %s\n", AMI_VERSION);
-  std::printf("# backends: self (memcpy, same process)\n");
   print_devices();
   try {
     ami::Client client(ami::ClientOptions{.name = "ami_info", .contexts = 1});
-    std::printf("# task %u of %u, %u context(s), self reaches context 0: %s\n", client.task(),
-                client.size(), client.context_count(),
-                std::string(client.context(0).backend_for({0, 0})).c_str());
+    std::printf("# task %u of %u, %u context(s)\n", client.task(), client.size(), client.context_count());
+    const std::string lines = client.describe_backends();
+    for (std::size_t start = 0, end; start < lines.size(); start = end + 1) {
+      end = lines.find('\n', start);
+      std::printf("# backend %s\n", lines.substr(start, end - start).c_str());
+      if (end == std::string::npos) break;
+    }
   } catch (const ami::Error& e) {
     std::fprintf(stderr, "ami_info: %s\n", e.what());
     return 1;

@@ -61,6 +61,7 @@ class AmEngine final : public device::PacketSink {
     std::byte* buffer = nullptr;
     Callback done;
     bool wants_remote_done = false;
+    std::uint16_t answer_flags = 0;  // remote_done flags owed when it completes
   };
   struct Answer {
     std::uint64_t message_id;

@@ -67,9 +67,13 @@ void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {
   if (d.fn == nullptr) {
     ++stats_.unknown_dispatch;
     stats_.discarded_bytes += v.payload.size();
-    if (wants_answer) answer(peer, v.header.message_id, wire::kDispatchMissing);
-    if (v.payload.size() < v.header.total_len)
-      rx = Reassembly{true, v.header.message_id, v.header.total_len, v.payload.size(), nullptr, {}, false};
+    if (v.payload.size() == v.header.total_len) {
+      if (wants_answer) answer(peer, v.header.message_id, wire::kDispatchMissing);
+      return;
+    }
+    // Answered once the last packet has been dropped too.
+    rx = Reassembly{true, v.header.message_id, v.header.total_len, v.payload.size(), nullptr, {},
+                    wants_answer, wire::kDispatchMissing};
     return;
   }
   const Incoming in{peer.endpoint, v.header.dispatch, v.user_header, v.payload,
@@ -82,7 +86,7 @@ void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {
   Receive recv;
   d.fn(d.cookie, Incoming{in.origin, in.dispatch, in.header, {}, in.total_bytes}, &recv);
   rx = Reassembly{true, v.header.message_id, v.header.total_len, v.payload.size(),
-                  static_cast<std::byte*>(recv.buffer), recv.done, wants_answer};
+                  static_cast<std::byte*>(recv.buffer), recv.done, wants_answer, 0};
   if (rx.buffer != nullptr)
     std::memcpy(rx.buffer, v.payload.data(), v.payload.size());
   else
@@ -109,7 +113,7 @@ void AmEngine::complete_rx(Peer& peer, Status s) {
   Reassembly rx = peer.rx;
   peer.rx = Reassembly{};
   if (rx.done) rx.done(s);
-  if (rx.wants_remote_done) answer(peer, rx.message_id, s.ok() ? 0 : wire::kDispatchMissing);
+  if (rx.wants_remote_done) answer(peer, rx.message_id, s.ok() ? rx.answer_flags : std::uint16_t{wire::kDispatchMissing});
 }
 
 void AmEngine::answer(Peer& peer, std::uint64_t message_id, std::uint16_t flags) {

@@ -35,11 +35,11 @@ TEST_CASE("reserve, commit, discard and wrap") {
     REQUIRE(r1);
     REQUIRE(r2);
     std::memcpy(r2.data(), "second", 6);
-    q.commit(r2, 6, 2);
+    q.commit(r2, 6, {2, 0, 0});
     CHECK_FALSE(q.peek(a));  // r1 not yet committed: order is kept
     q.discard(r1);
     REQUIRE(q.peek(a));  // the discarded cell is skipped
-    CHECK(a.origin == 2);
+    CHECK(a.origin.task == 2);
     CHECK(std::memcmp(a.data.data(), "second", 6) == 0);
     q.release();
     CHECK_FALSE(q.peek(a));
@@ -52,7 +52,7 @@ TEST_CASE("a full ring refuses a reservation instead of waiting") {
   for (int i = 0; i < 4; ++i) {
     auto r = q.reserve();
     REQUIRE(r);
-    q.commit(r, 0, 0);
+    q.commit(r, 0, {});
   }
   CHECK_FALSE(q.reserve());
   ReceptionQueue::Arrival a;
@@ -83,7 +83,7 @@ TEST_CASE("a cell claiming more data than a cell holds is dropped") {
   Buffer mem(ReceptionQueue::bytes_needed(4, 128));
   auto q = ReceptionQueue::create(mem.p, 4, 128);
   auto r = q.reserve();
-  q.commit(r, 4096, 0);
+  q.commit(r, 4096, {});
   ReceptionQueue::Arrival a;
   CHECK_FALSE(q.peek(a));
   CHECK(q.reserve());  // its cell went back to the producers
@@ -104,7 +104,7 @@ TEST_CASE("several producers, one consumer: every packet once, per-producer orde
           continue;
         }
         std::memcpy(r.data(), &i, sizeof i);
-        q.commit(r, sizeof i, static_cast<std::uint32_t>(p));
+        q.commit(r, sizeof i, {static_cast<std::uint32_t>(p), 0, 0});
         ++i;
       }
     });
@@ -116,8 +116,8 @@ TEST_CASE("several producers, one consumer: every packet once, per-producer orde
     if (!q.peek(a)) continue;
     std::uint32_t v;
     std::memcpy(&v, a.data.data(), sizeof v);
-    if (a.origin >= kProducers || v != next[a.origin]) ordered = false;
-    else ++next[a.origin];
+    if (a.origin.task >= kProducers || v != next[a.origin.task]) ordered = false;
+    else ++next[a.origin.task];
     q.release();
     ++received;
   }

@@ -47,7 +47,7 @@ bool SelfDevice::execute(SelfLane& lane, std::uint64_t n) {
     const device::PacketDescriptor& p = d.packet;
     std::memcpy(r.data(), p.inline_data, p.inline_len);
     if (p.payload_len != 0) std::memcpy(r.data() + p.inline_len, p.payload, p.payload_len);
-    q.commit(r, p.inline_len + p.payload_len, context_);
+    q.commit(r, p.inline_len + p.payload_len, {domain_.task(), context_, 0});
     return true;
   }
   const device::RdmaDescriptor& x = d.rdma;
@@ -82,7 +82,7 @@ std::size_t SelfDevice::progress(device::PacketSink& sink, std::size_t budget) {
   device::ReceptionQueue& q = domain_.queue(context_);
   device::ReceptionQueue::Arrival a;
   for (std::size_t i = 0; i < budget && q.peek(a); ++i, ++work) {
-    sink.on_packet(Endpoint{domain_.task(), static_cast<std::uint16_t>(a.origin)}, a.data);
+    sink.on_packet(Endpoint{a.origin.task, a.origin.context}, a.data);
     q.release();
   }
   return work;

@@ -1,12 +1,17 @@
-// client.cpp — a job's view from one task: configuration, registrations,
-// the backends' shared state and the contexts.
+// client.cpp — a job's view from one task: configuration, bootstrap,
+// registrations, the backends' shared state and the contexts.
 #include "ami/client.hpp"
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <mutex>
 #include <random>
 
+#include "address_blob.hpp"
 #include "ami/device/region_table.hpp"
 #include "ami/error.hpp"
+#include "tcp_bootstrap.hpp"
 #include "context_impl.hpp"
 
 namespace ami {
@@ -15,39 +20,121 @@ namespace {
 
 std::uint64_t random_job_id() {
   std::random_device rd;
-  return (std::uint64_t{rd()} << 32) ^ rd();
+  return (std::uint64_t{rd()} << 32) ^ rd() ^ 1;  // never 0
+}
+
+std::uint32_t u32(const Config& c, std::string_view name) {
+  return static_cast<std::uint32_t>(c.number(name));
+}
+
+boot::Options job_bootstrap(const ClientOptions& o) {
+  boot::Options b;
+  b.rank = o.job.rank.value_or(u32(o.config, "AMI_RANK"));
+  b.size = o.job.size.value_or(u32(o.config, "AMI_SIZE"));
+  b.timeout = std::chrono::milliseconds(o.config.number("AMI_BOOTSTRAP_TIMEOUT"));
+  if (b.size == 0) throw Error("Client: the job size must be at least 1");
+  if (b.rank >= b.size)
+    throw Error("Client: rank " + std::to_string(b.rank) + " is not below the job size " +
+                std::to_string(b.size));
+  if (b.size == 1) return b;
+  const std::string& address = o.job.bootstrap.empty() ? o.config.text("AMI_BOOTSTRAP") : o.job.bootstrap;
+  if (!boot::parse_address(address, b.host, b.port))
+    throw Error("Client: a job of " + std::to_string(b.size) +
+                " needs a bootstrap address host:port (AMI_BOOTSTRAP), not '" + address + "'");
+  return b;
+}
+
+std::string hostname() {
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return name;
 }
 
 }  // namespace
 
 struct Client::Impl {
-  Impl(ClientOptions o)
-      : name(std::move(o.name)), config(std::move(o.config)), job(random_job_id()),
-        regions(job, 0, static_cast<std::uint32_t>(config.number("AMI_MAX_REGIONS"))),
-        self_domain(0, o.contexts, static_cast<std::uint32_t>(config.number("AMI_RECV_QUEUE_DEPTH")),
-                    static_cast<std::uint32_t>(config.number("AMI_CELL_SIZE")), regions) {}
+  explicit Impl(ClientOptions& o, const boot::Options& b)
+      : name(std::move(o.name)), config(std::move(o.config)), task(b.rank), size(b.size),
+        regions(0, b.rank, u32(config, "AMI_MAX_REGIONS")),
+        shm(b.rank, b.size, o.contexts,
+            shm::DomainOptions{u32(config, "AMI_SHM_RING_DEPTH"), u32(config, "AMI_SHM_CELL_SIZE"),
+                               config.flag("AMI_SHM_CMA")},
+            regions),
+        self(b.rank, o.contexts, u32(config, "AMI_SELF_QUEUE_DEPTH"), u32(config, "AMI_SELF_CELL_SIZE"),
+             regions) {}
+
+  void exchange_addresses(boot::TcpBootstrap* boot, std::uint16_t contexts);
+  void attach_peer(const AddressBlob& mine, const AddressBlob& peer);
 
   std::string name;
   Config config;
-  std::uint32_t task = 0;
-  std::uint32_t size = 1;
-  std::uint64_t job;
+  std::uint32_t task;
+  std::uint32_t size;
+  std::uint64_t job = 0;
   std::mutex registration_mutex;
   device::RegionTable regions;
-  self::SelfDomain self_domain;
+  shm::ShmDomain shm;
+  self::SelfDomain self;
+  std::uint32_t shm_peers = 0;
   std::vector<std::unique_ptr<Context>> contexts;  // last: destroyed first
 };
 
+// Every task learns every other task's address, agrees on the job id (rank
+// 0's) and maps the segments of the peers on its host.
+void Client::Impl::exchange_addresses(boot::TcpBootstrap* boot, std::uint16_t n) {
+  AddressBlob mine{.job = random_job_id(), .task = task, .contexts = n,
+                   .backends = AddressBlob::kShm, .pid = static_cast<std::uint32_t>(::getpid()),
+                   .shm_fd = shm.segment_fd(), .boot_id = read_boot_id(), .hostname = hostname()};
+  if (boot == nullptr) {
+    job = mine.job;
+    regions.set_job(job);
+    return;
+  }
+  const std::vector<boot::Blob> all = boot->allgather(mine.encode());
+  std::vector<AddressBlob> table(all.size());
+  for (std::uint32_t t = 0; t < all.size(); ++t) {
+    Status s = AddressBlob::decode(all[t], table[t]);
+    if (!s.ok()) throw Error("bootstrap: task " + std::to_string(t) + " sent a bad address: " + s.what());
+    if (table[t].task != t)
+      throw Error("bootstrap: task " + std::to_string(t) + " claims to be task " + std::to_string(table[t].task));
+    if (table[t].contexts != n)
+      throw Error("bootstrap: task " + std::to_string(t) + " has " + std::to_string(table[t].contexts) +
+                  " contexts, this task " + std::to_string(n) + "; every task needs the same number");
+  }
+  job = table[0].job;
+  regions.set_job(job);
+  for (std::uint32_t t = 0; t < table.size(); ++t)
+    if (t != task) attach_peer(mine, table[t]);
+  boot->barrier();  // every task has mapped what it will map
+}
+
+void Client::Impl::attach_peer(const AddressBlob& mine, const AddressBlob& peer) {
+  if (!(peer.backends & AddressBlob::kShm) || mine.boot_id.empty() || peer.boot_id != mine.boot_id)
+    return;  // another host: not for shared memory
+  Status s = shm.attach({peer.task, peer.pid, peer.shm_fd, peer.contexts});
+  if (s.ok()) {
+    ++shm_peers;
+    return;
+  }
+  std::fprintf(stderr, "ami: warning: task %u on this host (%s) is not reachable by shm: %s\n",
+               peer.task, peer.hostname.c_str(), to_string(s).c_str());
+}
+
 Client::Client(ClientOptions options) {
-  if (options.contexts == 0) throw Error("Client: contexts must be at least 1");
+  if (options.contexts == 0 || options.contexts > shm::kMaxContexts)
+    throw Error("Client: contexts must be 1.." + std::to_string(shm::kMaxContexts));
   const std::uint16_t n = options.contexts;
-  impl_ = std::make_unique<Impl>(std::move(options));
-  const protocol::AmEngine::Shape shape{
-      impl_->size, n, static_cast<std::uint32_t>(impl_->config.number("AMI_MAX_REQUESTS"))};
-  const auto fifo_depth = static_cast<std::uint32_t>(impl_->config.number("AMI_FIFO_DEPTH"));
+  const boot::Options b = job_bootstrap(options);
+  std::unique_ptr<boot::TcpBootstrap> boot;
+  if (b.size > 1) boot = std::make_unique<boot::TcpBootstrap>(b);
+  impl_ = std::make_unique<Impl>(options, b);
+  impl_->exchange_addresses(boot.get(), n);
+
+  const protocol::AmEngine::Shape shape{impl_->size, n, u32(impl_->config, "AMI_MAX_REQUESTS")};
+  const auto fifo_depth = u32(impl_->config, "AMI_FIFO_DEPTH");
   for (std::uint16_t i = 0; i < n; ++i)
-    impl_->contexts.push_back(std::unique_ptr<Context>(new Context(
-        std::make_unique<detail::ContextImpl>(*this, i, impl_->self_domain, fifo_depth, shape))));
+    impl_->contexts.push_back(std::unique_ptr<Context>(new Context(std::make_unique<detail::ContextImpl>(
+        *this, i, impl_->self, impl_->shm, fifo_depth, shape))));
 }
 
 Client::~Client() = default;
@@ -59,6 +146,16 @@ std::uint64_t Client::job() const { return impl_->job; }
 std::uint16_t Client::context_count() const { return static_cast<std::uint16_t>(impl_->contexts.size()); }
 Context& Client::context(std::uint16_t index) { return *impl_->contexts.at(index); }
 const Config& Client::config() const { return impl_->config; }
+
+std::string Client::describe_backends() const {
+  const Config& c = impl_->config;
+  std::string out = "self: memcpy, queue " + c.text("AMI_SELF_QUEUE_DEPTH") + " x " +
+                    c.text("AMI_SELF_CELL_SIZE") + " B\n";
+  out += "shm: " + std::to_string(impl_->shm_peers) + " peer task(s) on this host, ring " +
+         c.text("AMI_SHM_RING_DEPTH") + " x " + c.text("AMI_SHM_CELL_SIZE") + " B, PUT/GET by " +
+         std::string(impl_->shm.rdma_mode()) + "\n";
+  return out;
+}
 
 Status Client::register_memory(void* address, std::size_t length, Memory& out) {
   if (address == nullptr && length != 0)

@@ -7,16 +7,18 @@
 
 #include "ami/context.hpp"
 #include "protocol/eager/am_engine.hpp"
+#include "shm_backend/shm_device.hpp"
 #include "transport/self/self_device.hpp"
 
 namespace ami::detail {
 
 struct ContextImpl {
   ContextImpl(Client& client, std::uint16_t index, self::SelfDomain& self_domain,
-              std::uint32_t fifo_depth, protocol::AmEngine::Shape shape)
+              shm::ShmDomain& shm_domain, std::uint32_t fifo_depth, protocol::AmEngine::Shape shape)
       : client(client), index(index), self_device(self_domain, index, fifo_depth),
-        engine(shape, stats) {
-    engine.add_device(self_device);
+        shm_device(shm_domain, index, fifo_depth), engine(shape, stats) {
+    engine.add_device(self_device);  // priority order: self, then shm
+    engine.add_device(shm_device);
   }
 
   Client& client;
@@ -25,6 +27,7 @@ struct ContextImpl {
   std::mutex mutex;
   // Devices before the engine: the engine holds their lanes and goes first.
   self::SelfDevice self_device;
+  shm::ShmDevice shm_device;
   protocol::AmEngine engine;
 };
 

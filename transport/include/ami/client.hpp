@@ -3,7 +3,9 @@
 //
 // The Client owns its contexts, its memory registrations table and the
 // backends' shared state; destroy every Memory it registered before it.
-// Construction throws ami::Error; everything after returns Status.
+// Construction runs the bootstrap (every task of the job constructs its
+// Client at about the same time) and throws ami::Error, naming the peer, when
+// it fails; everything after returns Status.
 // Thread-safety: register_memory() may be called from any thread; contexts
 // follow the rules in context.hpp.
 #pragma once
@@ -11,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,9 +24,18 @@
 
 namespace ami {
 
+// Where this task sits in its job. Unset fields come from AMI_RANK,
+// AMI_SIZE and AMI_BOOTSTRAP; a job of one needs nothing.
+struct JobOptions {
+  std::optional<std::uint32_t> rank;
+  std::optional<std::uint32_t> size;
+  std::string bootstrap;  // "host:port": rank 0 listens there, the others connect
+};
+
 struct ClientOptions {
   std::string name = "ami";
   std::uint16_t contexts = 1;
+  JobOptions job;
   Config config = Config::from_environment();
 };
 
@@ -41,6 +53,9 @@ class Client {
   std::uint16_t context_count() const;
   Context& context(std::uint16_t index);
   const Config& config() const;
+
+  // One line per backend in use: its name and how it is set up.
+  std::string describe_backends() const;
 
   // Registers [address, address + length) for local use and remote access.
   Status register_memory(void* address, std::size_t length, Memory& out);

@@ -9,7 +9,9 @@
 // Each cell carries a sequence number published with release and read with
 // acquire (the bounded queue of D. Vyukov): a producer may fill its cell
 // while others fill theirs. Head and tail live on separate cache lines.
-// One consumer: the thread advancing the receiving context.
+// One consumer: the thread advancing the receiving context. The shape is
+// copied out of the header when the ring is created or attached, so a peer
+// scribbling on the header later cannot steer writes outside the ring.
 #pragma once
 
 #include <atomic>
@@ -37,15 +39,26 @@ class ReceptionQueue {
     alignas(kCacheLine) std::atomic<std::uint64_t> head;  // next cell to consume
   };
 
+  // Who sent a cell and what the backend put in it. The receiver treats it
+  // as a claim to check, not a fact.
+  struct Origin {
+    std::uint32_t task = 0;
+    std::uint16_t context = 0;
+    std::uint16_t kind = 0;  // the backend's: protocol packet or its own traffic
+  };
+
   struct Cell {
     std::atomic<std::uint64_t> sequence;
     std::uint32_t length;  // bytes of data; kDiscarded marks a discarded cell
-    std::uint32_t origin;  // who sent it, as the backend numbers its peers
+    std::uint32_t origin_task;
+    std::uint16_t origin_context;
+    std::uint16_t kind;
+    std::uint32_t reserved;
     // data follows
   };
   static constexpr std::uint32_t kDiscarded = 0xFFFFFFFFu;
   static constexpr std::size_t kCellHeader = sizeof(Cell);
-  static_assert(kCellHeader == 16);
+  static_assert(kCellHeader == 24);
 
   static std::size_t bytes_needed(std::uint32_t depth, std::uint32_t cell_bytes) {
     return sizeof(Header) + std::size_t{depth} * cell_bytes;
@@ -88,8 +101,8 @@ class ReceptionQueue {
   }
 
   bool valid() const { return header_ != nullptr; }
-  std::uint32_t depth() const { return header_->depth; }
-  std::size_t max_data() const { return header_->cell_bytes - kCellHeader; }
+  std::uint32_t depth() const { return depth_; }
+  std::size_t max_data() const { return cell_bytes_ - kCellHeader; }
 
   // Producer side. A reservation holds one cell until commit() or discard().
   struct Reservation {
@@ -116,18 +129,20 @@ class ReceptionQueue {
     }
   }
 
-  void commit(Reservation r, std::uint32_t length, std::uint32_t origin) {
+  void commit(Reservation r, std::uint32_t length, Origin origin) {
     r.cell->length = length;
-    r.cell->origin = origin;
+    r.cell->origin_task = origin.task;
+    r.cell->origin_context = origin.context;
+    r.cell->kind = origin.kind;
     r.cell->sequence.store(r.position + 1, std::memory_order_release);
   }
-  void discard(Reservation r) { commit(r, kDiscarded, 0); }
+  void discard(Reservation r) { commit(r, kDiscarded, {}); }
 
   // Consumer side: the next committed cell's data, or an empty span. A
   // discarded cell is released and skipped.
   struct Arrival {
     std::span<const std::byte> data;
-    std::uint32_t origin = 0;
+    Origin origin;
   };
   bool peek(Arrival& out) {
     for (;;) {
@@ -139,25 +154,29 @@ class ReceptionQueue {
         continue;
       }
       out.data = {reinterpret_cast<const std::byte*>(c) + kCellHeader, c->length};
-      out.origin = c->origin;
+      out.origin = Origin{c->origin_task, c->origin_context, c->kind};
       return true;
     }
   }
   // Hands the cell peek() returned back to the producers.
   void release() {
     const std::uint64_t pos = header_->head.load(std::memory_order_relaxed);
-    cell(pos)->sequence.store(pos + header_->depth, std::memory_order_release);
+    cell(pos)->sequence.store(pos + depth_, std::memory_order_release);
     header_->head.store(pos + 1, std::memory_order_relaxed);
   }
 
  private:
-  explicit ReceptionQueue(Header* h) : header_(h) {}
+  explicit ReceptionQueue(Header* h)
+      : header_(h), cells_(reinterpret_cast<std::byte*>(h) + sizeof(Header)), depth_(h->depth),
+        cell_bytes_(h->cell_bytes) {}
   Cell* cell(std::uint64_t pos) const {
-    auto* base = reinterpret_cast<std::byte*>(header_) + header_->cells_offset;
-    return reinterpret_cast<Cell*>(base + (pos & (header_->depth - 1)) * header_->cell_bytes);
+    return reinterpret_cast<Cell*>(cells_ + (pos & (depth_ - 1)) * cell_bytes_);
   }
 
   Header* header_ = nullptr;
+  std::byte* cells_ = nullptr;
+  std::uint32_t depth_ = 0;
+  std::uint32_t cell_bytes_ = 0;
 };
 
 }  // namespace ami::device

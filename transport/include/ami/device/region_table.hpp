@@ -23,6 +23,8 @@ class RegionTable {
       : job_(job), task_(task), capacity_(capacity), slots_(std::make_unique<Slot[]>(capacity)) {}
 
   std::uint64_t job() const { return job_; }
+  // Setup only, before the first registration: the job id agreed at bootstrap.
+  void set_job(std::uint64_t job) { job_ = job; }
   std::uint32_t task() const { return task_; }
 
   Status add(const void* address, std::uint64_t length, RemoteKey& key) {
@@ -72,7 +74,7 @@ class RegionTable {
     std::uint64_t length = 0;
   };
 
-  const std::uint64_t job_;
+  std::uint64_t job_;
   const std::uint32_t task_;
   const std::uint32_t capacity_;
   std::unique_ptr<Slot[]> slots_;

@@ -1,0 +1,30 @@
+// shm_backend/rdma_chunk.hpp — the shm device's own cells, used when CMA is
+// refused: PUT data, GET requests and GET data travel through the rings.
+// Protocol engines never see these; the cell's kind tells them apart.
+// Untrusted like every arrival: the receiver checks keys, tags and bounds.
+#pragma once
+
+#include <cstdint>
+
+#include "ami/memory.hpp"
+
+namespace ami::shm {
+
+enum CellKind : std::uint16_t {
+  kPacketCell = 0,      // a protocol packet, for the PacketSink
+  kPutDataCell = 1,     // RdmaChunk + data to place at the receiver
+  kGetRequestCell = 2,  // RdmaChunk: send back [remote_address, + bytes)
+  kGetDataCell = 3,     // RdmaChunk + data answering a GET request
+};
+
+struct RdmaChunk {
+  RemoteKey key;                    // put/get request: the target region
+  std::uint64_t remote_address = 0; // put: where this chunk goes; get: where the data starts
+  std::uint64_t tag = 0;            // get: the origin's descriptor number, echoed back
+  std::uint64_t offset = 0;         // get data: of this chunk in the GET
+  std::uint64_t bytes = 0;          // put/get data: in this cell; get request: in all
+  std::uint32_t status = 0;         // get data: 0, or the StatusCode refusing the GET
+  std::uint32_t reserved = 0;
+};
+
+}  // namespace ami::shm

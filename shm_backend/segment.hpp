@@ -1,0 +1,96 @@
+// shm_backend/segment.hpp — a process's receive segment and its mappings of
+// its peers' segments.
+//
+// A segment is an anonymous memfd (mode 0600 by construction), so nothing is
+// ever left in /dev/shm, whatever way the process dies: the memory goes when
+// the last mapping goes. Peers on the same host open it through
+// /proc/<pid>/fd/<fd> while its owner is alive (the bootstrap guarantees
+// that) and map it. The segment starts with a versioned header holding
+// offsets only, checked field by field when a peer maps it; after it come
+// one reception queue per context of the owner, each written by every peer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "ami/device/reception_queue.hpp"
+#include "ami/status.hpp"
+
+namespace ami::shm {
+
+inline constexpr std::uint16_t kMaxContexts = 64;
+
+struct alignas(device::kCacheLine) SegmentHeader {
+  static constexpr std::uint64_t kMagic = 0x31304D4853494D41ull;  // "AMISHM01"
+  static constexpr std::uint32_t kVersion = 1;
+
+  std::uint64_t magic;
+  std::uint32_t version;
+  std::uint32_t header_bytes;
+  std::uint64_t total_bytes;
+  std::uint32_t owner_pid;
+  std::uint32_t owner_task;
+  std::uint16_t contexts;
+  std::uint16_t reserved0;
+  std::uint32_t queue_bytes;  // bytes of one reception queue
+  std::uint64_t queue_offset[kMaxContexts];
+};
+
+// Owns a mapping; unmaps on destruction. Move-only.
+class Mapping {
+ public:
+  Mapping() = default;
+  Mapping(void* address, std::size_t bytes) : address_(address), bytes_(bytes) {}
+  Mapping(Mapping&& o) noexcept;
+  Mapping& operator=(Mapping&& o) noexcept;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping();
+
+  std::byte* data() const { return static_cast<std::byte*>(address_); }
+  std::size_t size() const { return bytes_; }
+  explicit operator bool() const { return address_ != nullptr; }
+
+ private:
+  void* address_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+// This process's segment: creates the memfd, lays out the header and the
+// queues. Throws ami::Error naming the failing call.
+class OwnSegment {
+ public:
+  OwnSegment(std::uint32_t task, std::uint16_t contexts, std::uint32_t queue_depth,
+             std::uint32_t cell_bytes);
+  OwnSegment(OwnSegment&&) = delete;
+  ~OwnSegment();
+
+  int fd() const { return fd_; }
+  device::ReceptionQueue& queue(std::uint16_t context) { return queues_[context]; }
+  std::uint16_t contexts() const { return contexts_; }
+
+ private:
+  int fd_ = -1;
+  std::uint16_t contexts_ = 0;
+  Mapping mapping_;
+  device::ReceptionQueue queues_[kMaxContexts];
+};
+
+// A peer's segment, mapped and checked.
+class PeerSegment {
+ public:
+  PeerSegment() = default;
+  // Opens /proc/<pid>/fd/<fd>, maps it and validates the header against what
+  // the peer announced. Returns a status naming what was wrong.
+  Status open(std::uint32_t pid, int fd, std::uint32_t task, std::uint16_t contexts);
+
+  bool valid() const { return static_cast<bool>(mapping_); }
+  device::ReceptionQueue& queue(std::uint16_t context) { return queues_[context]; }
+
+ private:
+  Mapping mapping_;
+  device::ReceptionQueue queues_[kMaxContexts];
+};
+
+}  // namespace ami::shm

@@ -1,0 +1,109 @@
+// shm_backend/shm_datapath.cpp — the per-message path: lanes into peers'
+// rings, and the context's own ring out to the protocol.
+#include <cstring>
+
+#include "shm_backend/shm_device.hpp"
+
+namespace ami::shm {
+
+ShmDevice::ShmDevice(ShmDomain& domain, std::uint16_t context, std::uint32_t fifo_depth)
+    : domain_(domain), context_(context), fifo_depth_(fifo_depth),
+      lanes_(std::size_t{domain.tasks()} * domain.contexts()) {
+  active_.reserve(lanes_.size());
+  responses_.reserve(lanes_.size());
+}
+
+bool ShmDevice::can_reach(Endpoint peer) const {
+  return peer.task != domain_.task() && peer.context < domain_.contexts() &&
+         domain_.reaches(peer.task);
+}
+
+device::Lane* ShmDevice::lane(Endpoint peer) {
+  if (!can_reach(peer)) return nullptr;
+  auto& l = lanes_[std::size_t{peer.task} * domain_.contexts() + peer.context];
+  if (!l) {
+    l = std::make_unique<ShmLane>(*this, peer, fifo_depth_, domain_.peer_queue(peer.task, peer.context),
+                                  domain_.pid(peer.task));
+    active_.push_back(l.get());
+  }
+  return l.get();
+}
+
+ShmDevice::Step ShmDevice::send_packet(ShmLane& lane, const device::PacketDescriptor& p) {
+  const std::size_t bytes = std::size_t{p.inline_len} + p.payload_len;
+  if (bytes > lane.target_.max_data()) return Step::done;  // the engine never builds one
+  auto r = lane.target_.reserve();
+  if (!r) return Step::stalled;
+  std::memcpy(r.data(), p.inline_data, p.inline_len);
+  if (p.payload_len != 0) std::memcpy(r.data() + p.inline_len, p.payload, p.payload_len);
+  lane.target_.commit(r, static_cast<std::uint32_t>(bytes), me(kPacketCell));
+  return Step::done;
+}
+
+ShmDevice::Step ShmDevice::execute(ShmLane& lane, std::uint64_t n) {
+  device::Descriptor& d = lane.fifo().at(n);
+  if (d.kind == device::DescriptorKind::packet) return send_packet(lane, d.packet);
+  if (domain_.cma() && !lane.get_waiting_ && lane.put_sent_ == 0) return rdma_cma(lane, n);
+  return d.kind == device::DescriptorKind::put ? put_through_ring(lane, n) : get_through_ring(lane, n);
+}
+
+// Descriptors run strictly in order, so the counter is also the next one to
+// run: a descriptor that cannot finish now holds back those behind it, as
+// an RC send queue does.
+std::size_t ShmDevice::drain_lane(ShmLane& lane, bool packets_only) {
+  auto& fifo = lane.fifo();
+  const std::uint64_t start = fifo.counter().snapshot();
+  std::uint64_t n = start;
+  while (n < fifo.injected()) {
+    if (packets_only && fifo.at(n).kind != device::DescriptorKind::packet) break;
+    if (execute(lane, n) != Step::done) break;
+    ++n;
+  }
+  if (n != start) fifo.counter().advance_to(n);
+  return n - start;
+}
+
+void ShmLane::ring() { device_.drain_lane(*this, true); }
+
+ShmLane* ShmDevice::lane_from(const device::ReceptionQueue::Origin& origin) {
+  const Endpoint from{origin.task, origin.context};
+  if (!can_reach(from)) return nullptr;
+  return static_cast<ShmLane*>(lane(from));
+}
+
+void ShmDevice::deliver(device::PacketSink& sink, const device::ReceptionQueue::Arrival& a) {
+  const Endpoint from{a.origin.task, a.origin.context};
+  if (a.origin.kind == kPacketCell) {
+    sink.on_packet(from, a.data);  // the engine checks the origin and the bytes
+    return;
+  }
+  RdmaChunk c;
+  ShmLane* lane = lane_from(a.origin);
+  if (lane == nullptr || a.data.size() < sizeof c) {
+    ++dropped_;
+    return;
+  }
+  std::memcpy(&c, a.data.data(), sizeof c);
+  const auto data = a.data.subspan(sizeof c);
+  switch (a.origin.kind) {
+    case kPutDataCell: on_put_data(c, data); break;
+    case kGetRequestCell: on_get_request(from, c); break;
+    case kGetDataCell: on_get_data(*lane, c, data); break;
+    default: ++dropped_; break;
+  }
+}
+
+std::size_t ShmDevice::progress(device::PacketSink& sink, std::size_t budget) {
+  std::size_t work = 0;
+  for (std::size_t i = 0; i < active_.size(); ++i) work += drain_lane(*active_[i]);
+  if (!responses_.empty()) work += serve_get_responses();
+  device::ReceptionQueue& q = domain_.own_queue(context_);
+  device::ReceptionQueue::Arrival a;
+  for (std::size_t i = 0; i < budget && q.peek(a); ++i, ++work) {
+    deliver(sink, a);
+    q.release();
+  }
+  return work;
+}
+
+}  // namespace ami::shm

@@ -1,0 +1,100 @@
+// shm_backend/shm_device.hpp — one context's share of the shared-memory
+// backend: a lane per peer context on this host, draining into the peer's
+// reception queue, and the context's own queue to drain.
+//
+// A lane works through its injection FIFO in order: a packet is copied into
+// the peer's ring, a PUT or GET is one process_vm_writev/readv (CMA), or,
+// where CMA is refused, a pipelined copy through the rings. The transfer
+// counter passes a descriptor when its data has left (or, for a GET, reached)
+// the local buffer. A full ring stalls the lane; nothing ever spins.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ami/device/device.hpp"
+#include "shm_backend/rdma_chunk.hpp"
+#include "shm_backend/shm_domain.hpp"
+
+namespace ami::shm {
+
+class ShmDevice;
+
+class ShmLane final : public device::Lane {
+ public:
+  ShmLane(ShmDevice& device, Endpoint peer, std::uint32_t fifo_depth, device::ReceptionQueue& target,
+          std::uint32_t pid)
+      : Lane(peer, fifo_depth), device_(device), target_(target), pid_(pid) {}
+
+  std::size_t max_packet() const override { return target_.max_data(); }
+  // Packets at the head of the FIFO go into the peer's ring at once, which
+  // saves a round through advance() on the latency path; PUT and GET wait
+  // for progress(), whose errors may run callbacks.
+  void ring() override;
+
+ private:
+  friend class ShmDevice;
+  ShmDevice& device_;
+  device::ReceptionQueue& target_;
+  std::uint32_t pid_;
+  // The head descriptor's progress on the ring-copy path.
+  std::uint64_t put_sent_ = 0;
+  bool get_waiting_ = false;
+  std::uint64_t get_received_ = 0;
+};
+
+class ShmDevice final : public device::Device {
+ public:
+  ShmDevice(ShmDomain& domain, std::uint16_t context, std::uint32_t fifo_depth);
+
+  std::string_view name() const override { return "shm"; }
+  bool can_reach(Endpoint peer) const override;
+  device::Lane* lane(Endpoint peer) override;
+  std::size_t progress(device::PacketSink& sink, std::size_t budget) override;
+
+  // Cells dropped because they failed a check (origin, kind, key, tag).
+  std::uint64_t dropped() const { return dropped_; }
+
+ private:
+  enum class Step { done, stalled, waiting };
+  struct GetResponse {
+    Endpoint to;
+    const std::byte* source;
+    std::uint64_t bytes;
+    std::uint64_t sent;
+    std::uint64_t tag;
+    std::uint32_t status;
+  };
+
+  // data path (shm_datapath.cpp)
+  friend class ShmLane;
+  std::size_t drain_lane(ShmLane& lane, bool packets_only = false);
+  Step execute(ShmLane& lane, std::uint64_t n);
+  Step send_packet(ShmLane& lane, const device::PacketDescriptor& p);
+  void deliver(device::PacketSink& sink, const device::ReceptionQueue::Arrival& a);
+  ShmLane* lane_from(const device::ReceptionQueue::Origin& origin);
+
+  // PUT and GET (shm_rdma.cpp)
+  Step rdma_cma(ShmLane& lane, std::uint64_t n);
+  Step put_through_ring(ShmLane& lane, std::uint64_t n);
+  Step get_through_ring(ShmLane& lane, std::uint64_t n);
+  void on_put_data(const RdmaChunk& c, std::span<const std::byte> data);
+  void on_get_request(Endpoint from, const RdmaChunk& c);
+  void on_get_data(ShmLane& lane, const RdmaChunk& c, std::span<const std::byte> data);
+  std::size_t serve_get_responses();
+
+  device::ReceptionQueue::Origin me(std::uint16_t kind) const {
+    return {domain_.task(), context_, kind};
+  }
+
+  ShmDomain& domain_;
+  std::uint16_t context_;
+  std::uint32_t fifo_depth_;
+  std::vector<std::unique_ptr<ShmLane>> lanes_;  // by task * contexts + context
+  std::vector<ShmLane*> active_;                 // lanes made so far
+  std::vector<GetResponse> responses_;           // GETs being answered through the rings
+  std::uint64_t dropped_ = 0;
+};
+
+}  // namespace ami::shm

@@ -1,0 +1,76 @@
+// shm_backend/shm_domain.hpp — what the contexts of one task share for
+// shared memory: its own segment, the mapped segments of the peers on this
+// host, the region table remote accesses are checked against, and whether
+// PUT/GET use CMA (process_vm_writev/readv) or the copy through the rings.
+//
+// Owned by the Client; built before the contexts and destroyed after them.
+// attach() is called during setup only; the data path reads.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "ami/device/region_table.hpp"
+#include "shm_backend/segment.hpp"
+
+namespace ami::shm {
+
+struct DomainOptions {
+  std::uint32_t queue_depth = 256;
+  std::uint32_t cell_bytes = 256;
+  bool cma = true;  // false forces the pipelined copy through the rings
+};
+
+// What a peer announces about its segment (from its address blob).
+struct PeerAddress {
+  std::uint32_t task = 0;
+  std::uint32_t pid = 0;
+  std::int32_t fd = -1;
+  std::uint16_t contexts = 0;
+};
+
+class ShmDomain {
+ public:
+  ShmDomain(std::uint32_t task, std::uint32_t tasks, std::uint16_t contexts,
+            const DomainOptions& options, const device::RegionTable& regions);
+
+  std::uint32_t task() const { return task_; }
+  std::uint32_t tasks() const { return static_cast<std::uint32_t>(peers_.size()); }
+  std::uint16_t contexts() const { return own_.contexts(); }
+  int segment_fd() const { return own_.fd(); }
+  const device::RegionTable& regions() const { return regions_; }
+
+  // Maps a peer's segment; its status says why a peer stays unreachable.
+  Status attach(const PeerAddress& peer);
+  bool reaches(std::uint32_t task) const {
+    return task < peers_.size() && peers_[task].segment != nullptr;
+  }
+  std::uint32_t pid(std::uint32_t task) const { return peers_[task].pid; }
+
+  device::ReceptionQueue& own_queue(std::uint16_t context) { return own_.queue(context); }
+  device::ReceptionQueue& peer_queue(std::uint32_t task, std::uint16_t context) {
+    return peers_[task].segment->queue(context);
+  }
+
+  bool cma() const { return cma_.load(std::memory_order_relaxed); }
+  // CMA was refused (EPERM, ENOSYS): every context switches to the rings.
+  void disable_cma() { cma_.store(false, std::memory_order_relaxed); }
+  std::string_view rdma_mode() const { return cma() ? "cma" : "ring-copy"; }
+
+ private:
+  struct Peer {
+    std::unique_ptr<PeerSegment> segment;
+    std::uint32_t pid = 0;
+  };
+
+  std::uint32_t task_;
+  const device::RegionTable& regions_;
+  OwnSegment own_;
+  std::vector<Peer> peers_;  // by task; empty where not on this host
+  std::atomic<bool> cma_;
+};
+
+}  // namespace ami::shm

@@ -1,0 +1,163 @@
+// shm_backend/shm_rdma.cpp — PUT and GET between processes: one copy with
+// CMA, or a pipelined copy through the rings where CMA is refused.
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "shm_backend/shm_device.hpp"
+
+namespace ami::shm {
+
+namespace {
+
+// Moves all of [local, local + bytes) to or from the peer; returns 0 or errno.
+int cma_copy(pid_t pid, bool put, std::byte* local, std::uint64_t remote, std::uint64_t bytes) {
+  while (bytes != 0) {
+    iovec l{local, bytes};
+    iovec r{reinterpret_cast<void*>(remote), bytes};
+    const ssize_t n = put ? ::process_vm_writev(pid, &l, 1, &r, 1, 0)
+                          : ::process_vm_readv(pid, &l, 1, &r, 1, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (n == 0) return EFAULT;
+    local += n;
+    remote += static_cast<std::uint64_t>(n);
+    bytes -= static_cast<std::uint64_t>(n);
+  }
+  return 0;
+}
+
+Status cma_error(int err, bool put) {
+  if (err == ESRCH) return {StatusCode::peer_failed, put ? "put: the peer process is gone" : "get: the peer process is gone"};
+  return {StatusCode::remote_access, put ? "put: the peer refused the address range" : "get: the peer refused the address range"};
+}
+
+}  // namespace
+
+ShmDevice::Step ShmDevice::rdma_cma(ShmLane& lane, std::uint64_t n) {
+  const device::Descriptor& d = lane.fifo().at(n);
+  const bool put = d.kind == device::DescriptorKind::put;
+  const device::RdmaDescriptor& x = d.rdma;
+  const int err = cma_copy(static_cast<pid_t>(lane.pid_), put, x.local, x.remote_address, x.length);
+  if (err == EPERM || err == ENOSYS) {
+    std::fprintf(stderr, "ami: shm: CMA refused (%s); PUT and GET now copy through the rings\n",
+                 std::strerror(err));
+    domain_.disable_cma();
+    return put ? put_through_ring(lane, n) : get_through_ring(lane, n);
+  }
+  if (err != 0) lane.fifo().fail_one(n, cma_error(err, put));
+  return Step::done;
+}
+
+// Streams the PUT's bytes into the peer's ring, a cell at a time; the peer
+// checks the key and places them. Done when the last byte left the buffer.
+ShmDevice::Step ShmDevice::put_through_ring(ShmLane& lane, std::uint64_t n) {
+  const device::RdmaDescriptor& x = lane.fifo().at(n).rdma;
+  const std::size_t room = lane.target_.max_data() - sizeof(RdmaChunk);
+  do {
+    auto r = lane.target_.reserve();
+    if (!r) return Step::stalled;
+    const std::uint64_t chunk = std::min<std::uint64_t>(room, x.length - lane.put_sent_);
+    RdmaChunk c{.key = x.remote, .remote_address = x.remote_address + lane.put_sent_, .bytes = chunk};
+    std::memcpy(r.data(), &c, sizeof c);
+    std::memcpy(r.data() + sizeof c, x.local + lane.put_sent_, chunk);
+    lane.target_.commit(r, static_cast<std::uint32_t>(sizeof c + chunk), me(kPutDataCell));
+    lane.put_sent_ += chunk;
+  } while (lane.put_sent_ < x.length);
+  lane.put_sent_ = 0;
+  return Step::done;
+}
+
+// Asks the peer for the bytes; done when they have all come back.
+ShmDevice::Step ShmDevice::get_through_ring(ShmLane& lane, std::uint64_t n) {
+  const device::RdmaDescriptor& x = lane.fifo().at(n).rdma;
+  if (!lane.get_waiting_) {
+    if (x.length == 0) return Step::done;
+    auto r = lane.target_.reserve();
+    if (!r) return Step::stalled;
+    RdmaChunk c{.key = x.remote, .remote_address = x.remote_address, .tag = n, .bytes = x.length};
+    std::memcpy(r.data(), &c, sizeof c);
+    lane.target_.commit(r, sizeof c, me(kGetRequestCell));
+    lane.get_waiting_ = true;
+    lane.get_received_ = 0;
+    return Step::waiting;
+  }
+  if (lane.get_received_ < x.length) return Step::waiting;
+  lane.get_waiting_ = false;
+  return Step::done;
+}
+
+void ShmDevice::on_put_data(const RdmaChunk& c, std::span<const std::byte> data) {
+  std::byte* target = nullptr;
+  if (c.bytes != data.size() || !domain_.regions().check(c.key, c.remote_address, c.bytes, target).ok()) {
+    ++dropped_;  // refused: outside a registration, stale, or another job's key
+    return;
+  }
+  std::memcpy(target, data.data(), data.size());
+}
+
+void ShmDevice::on_get_request(Endpoint from, const RdmaChunk& c) {
+  std::byte* source = nullptr;
+  const Status s = domain_.regions().check(c.key, c.remote_address, c.bytes, source);
+  if (!s.ok()) ++dropped_;
+  if (responses_.size() == responses_.capacity()) {  // more GETs than lanes: not an honest peer
+    ++dropped_;
+    return;
+  }
+  responses_.push_back(GetResponse{from, source, s.ok() ? c.bytes : 0, 0, c.tag,
+                                   static_cast<std::uint32_t>(s.code())});
+}
+
+// Sends as much GET data back as the requesters' rings take.
+std::size_t ShmDevice::serve_get_responses() {
+  std::size_t work = 0, kept = 0;
+  for (GetResponse& g : responses_) {
+    device::ReceptionQueue& q = domain_.peer_queue(g.to.task, g.to.context);
+    const std::size_t room = q.max_data() - sizeof(RdmaChunk);
+    bool finished = false;
+    while (auto r = q.reserve()) {
+      const std::uint64_t chunk = std::min<std::uint64_t>(room, g.bytes - g.sent);
+      RdmaChunk c{.tag = g.tag, .offset = g.sent, .bytes = chunk, .status = g.status};
+      std::memcpy(r.data(), &c, sizeof c);
+      if (chunk != 0) std::memcpy(r.data() + sizeof c, g.source + g.sent, chunk);
+      q.commit(r, static_cast<std::uint32_t>(sizeof c + chunk), me(kGetDataCell));
+      g.sent += chunk;
+      ++work;
+      if (g.sent == g.bytes) {
+        finished = true;
+        break;
+      }
+    }
+    if (!finished) responses_[kept++] = g;
+  }
+  responses_.resize(kept);
+  return work;
+}
+
+void ShmDevice::on_get_data(ShmLane& lane, const RdmaChunk& c, std::span<const std::byte> data) {
+  auto& fifo = lane.fifo();
+  const std::uint64_t n = fifo.counter().snapshot();
+  if (!lane.get_waiting_ || c.tag != n || n >= fifo.injected()) {
+    ++dropped_;
+    return;
+  }
+  const device::RdmaDescriptor& x = fifo.at(n).rdma;
+  if (c.status != 0) {  // the peer refused the GET
+    fifo.fail_one(n, {StatusCode::remote_access, "get: the peer refused the remote key or range"});
+    lane.get_received_ = x.length;
+    return;
+  }
+  if (c.offset != lane.get_received_ || c.bytes != data.size() || c.bytes > x.length - c.offset) {
+    ++dropped_;
+    return;
+  }
+  std::memcpy(x.local + c.offset, data.data(), data.size());
+  lane.get_received_ += c.bytes;
+}
+
+}  // namespace ami::shm

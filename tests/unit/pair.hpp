@@ -1,0 +1,85 @@
+// pair.hpp — two contexts that talk through one backend, for the tests that
+// every backend must pass (TEST_CASE_TEMPLATE over the pair types).
+//
+// SelfPair: two contexts of one Client (self backend). ShmPair: two Clients
+// of a job of two, bootstrapped over loopback TCP inside this process, each
+// with its own memfd segment mapped by the other — the shm backend for real
+// (rings, CMA), driven from one thread.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <utility>  // before Asio: 1.74 uses std::exchange without it
+
+#include <boost/asio.hpp>
+#include <exception>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "ami/ami.hpp"
+
+namespace test {
+
+inline ami::Config config_with(std::initializer_list<std::pair<const char*, std::string>> values) {
+  ami::Config c;
+  for (auto& [k, v] : values) REQUIRE(c.set(k, v).ok());
+  return c;
+}
+
+inline std::uint16_t free_port() {
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor acc(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
+  return acc.local_endpoint().port();
+}
+
+struct SelfPair {
+  static constexpr const char* kBackend = "self";
+  explicit SelfPair(const ami::Config& config)
+      : client_(ami::ClientOptions{.name = "test", .contexts = 2, .job = {}, .config = config}) {}
+
+  ami::Client& client_a() { return client_; }
+  ami::Client& client_b() { return client_; }
+  ami::Context& a() { return client_.context(0); }
+  ami::Context& b() { return client_.context(1); }
+  ami::Endpoint to_a() const { return {0, 0}; }
+  ami::Endpoint to_b() const { return {0, 1}; }
+
+ private:
+  ami::Client client_;
+};
+
+struct ShmPair {
+  static constexpr const char* kBackend = "shm";
+  explicit ShmPair(const ami::Config& config) {
+    const std::string address = "127.0.0.1:" + std::to_string(free_port());
+    auto options = [&](std::uint32_t rank) {
+      return ami::ClientOptions{.name = "test", .contexts = 1,
+                                .job = {.rank = rank, .size = 2, .bootstrap = address},
+                                .config = config};
+    };
+    std::exception_ptr error;
+    std::thread peer([&] {
+      try {
+        b_ = std::make_unique<ami::Client>(options(1));
+      } catch (...) {
+        error = std::current_exception();
+      }
+    });
+    a_ = std::make_unique<ami::Client>(options(0));
+    peer.join();
+    if (error) std::rethrow_exception(error);
+  }
+
+  ami::Client& client_a() { return *a_; }
+  ami::Client& client_b() { return *b_; }
+  ami::Context& a() { return a_->context(0); }
+  ami::Context& b() { return b_->context(0); }
+  ami::Endpoint to_a() const { return {0, 0}; }
+  ami::Endpoint to_b() const { return {1, 0}; }
+
+ private:
+  std::unique_ptr<ami::Client> a_, b_;
+};
+
+}  // namespace test

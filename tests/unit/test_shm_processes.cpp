@@ -1,0 +1,380 @@
+// Jobs of real processes on this host, bootstrapped over TCP, talking
+// through the shm backend. Each rank is a forked child that runs a script
+// and exits with 0 on success; the parent checks every exit status and that
+// nothing is left behind in /dev/shm.
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ami/ami.hpp"
+#include "pair.hpp"
+
+using namespace ami;
+
+namespace {
+
+using Script = std::function<int(Client&)>;
+
+std::set<std::string> dev_shm() {
+  std::set<std::string> names;
+  std::error_code ec;
+  for (auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) names.insert(e.path().string());
+  return names;
+}
+
+ClientOptions job(std::uint32_t rank, std::uint32_t size, const std::string& address, const Config& c) {
+  return ClientOptions{.name = "test", .contexts = 1,
+                       .job = {.rank = rank, .size = size, .bootstrap = address}, .config = c};
+}
+
+// Forks one child per rank; each builds its Client and runs its script.
+std::vector<pid_t> spawn(std::uint32_t size, const Config& config, const std::vector<Script>& scripts) {
+  const std::string address = "127.0.0.1:" + std::to_string(test::free_port());
+  std::vector<pid_t> pids;
+  for (std::uint32_t r = 0; r < size; ++r) {
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      int rc = 100;
+      try {
+        Client client(job(r, size, address, config));
+        rc = scripts[r](client);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %u: %s\n", r, e.what());
+        rc = 101;
+      }
+      std::fflush(nullptr);
+      _exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  return pids;
+}
+
+// Waits for every child; returns their exit codes (-signal when killed;
+// 124 when the deadline passed and the child was killed).
+std::vector<int> wait_all(const std::vector<pid_t>& pids, std::chrono::seconds deadline) {
+  std::vector<int> codes(pids.size(), -1000);
+  const auto end = std::chrono::steady_clock::now() + deadline;
+  std::size_t left = pids.size();
+  while (left > 0) {
+    for (std::size_t i = 0; i < pids.size(); ++i) {
+      if (codes[i] != -1000) continue;
+      int st = 0;
+      if (waitpid(pids[i], &st, WNOHANG) == pids[i]) {
+        codes[i] = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+        --left;
+      }
+    }
+    if (left > 0 && std::chrono::steady_clock::now() > end) {
+      for (std::size_t i = 0; i < pids.size(); ++i)
+        if (codes[i] == -1000) {
+          kill(pids[i], SIGKILL);
+          waitpid(pids[i], nullptr, 0);
+          codes[i] = 124;
+        }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return codes;
+}
+
+std::vector<int> run_job(std::uint32_t size, const Config& config, const std::vector<Script>& scripts,
+                         std::chrono::seconds deadline = std::chrono::seconds(60)) {
+  return wait_all(spawn(size, config, scripts), deadline);
+}
+
+// Advances until pred holds or 30 s pass.
+bool progress_until(Context& c, const std::function<bool()>& pred) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!pred()) {
+    (void)c.advance();
+    if (std::chrono::steady_clock::now() > end) return false;
+  }
+  return true;
+}
+
+std::uint8_t byte_at(std::size_t i, std::uint32_t seed) {
+  return static_cast<std::uint8_t>((i * 131 + seed * 7 + (i >> 11)) & 0xFF);
+}
+
+// Receives messages into a buffer the handler allocates; checks every byte
+// against byte_at(i, seed) where seed travels in the header.
+struct Checker {
+  int received = 0;
+  int bad = 0;
+  std::vector<std::uint8_t> storage;
+  std::size_t expect = 0;
+  std::uint32_t seed = 0;
+
+  void verify(const std::uint8_t* p, std::size_t n) {
+    if (n != expect) ++bad;
+    for (std::size_t i = 0; i < n; ++i)
+      if (p[i] != byte_at(i, seed)) {
+        ++bad;
+        break;
+      }
+    ++received;
+  }
+  static void done(void* c, Status s) {
+    auto* k = static_cast<Checker*>(c);
+    if (!s.ok()) ++k->bad;
+    k->verify(k->storage.data() + 3, k->expect);  // unaligned on purpose
+  }
+  static void handler(void* c, const Incoming& in, Receive* recv) {
+    auto* k = static_cast<Checker*>(c);
+    std::uint32_t sizes[2];
+    std::memcpy(sizes, in.header.data(), sizeof sizes);
+    k->seed = sizes[0];
+    k->expect = sizes[1];
+    if (recv == nullptr) {
+      k->verify(reinterpret_cast<const std::uint8_t*>(in.payload.data()), in.payload.size());
+      return;
+    }
+    k->storage.assign(in.total_bytes + 3, 0);
+    recv->buffer = k->storage.data() + 3;
+    recv->done = {&Checker::done, k};
+  }
+};
+
+const std::vector<std::size_t> kSizes = {0, 1, 2, 7, 63, 64, 65, 1000, 4095, 16303, 16384, 65537,
+                                         1 << 20, (1 << 20) + 13, 16 << 20};
+
+// Sends every size in kSizes to peer from an unaligned buffer, one at a
+// time, while receiving the peer's; both ways at once.
+int exchange_all_sizes(Client& client) {
+  Context& c = client.context(0);
+  const Endpoint peer{client.task() ^ 1, 0};
+  Checker checker;
+  if (!c.set_dispatch(9, {&Checker::handler, &checker}).ok()) return 2;
+  std::vector<std::uint8_t> src((16 << 20) + 8);
+  int sent_done = 0;
+  for (std::size_t k = 0; k < kSizes.size(); ++k) {
+    const std::uint32_t seed = static_cast<std::uint32_t>(k + client.task() * 100);
+    std::uint8_t* p = src.data() + 5;  // unaligned
+    for (std::size_t i = 0; i < kSizes[k]; ++i) p[i] = byte_at(i, seed);
+    const std::uint32_t header[2] = {seed, static_cast<std::uint32_t>(kSizes[k])};
+    Callback done{+[](void* n, Status s) { *static_cast<int*>(n) += s.ok() ? 1 : 1000; }, &sent_done};
+    if (!c.send({.dest = peer, .dispatch = 9, .header = std::as_bytes(std::span(header)),
+                 .payload = {reinterpret_cast<const std::byte*>(p), kSizes[k]}, .local_done = done})
+             .ok())
+      return 3;
+    if (!progress_until(c, [&] { return sent_done == static_cast<int>(k + 1); })) return 4;
+  }
+  if (!progress_until(c, [&] { return checker.received == static_cast<int>(kSizes.size()); })) return 5;
+  // Stay a while so the peer's last packets are drained by us before exit.
+  for (int i = 0; i < 1000; ++i) (void)c.advance();
+  return checker.bad == 0 && sent_done == static_cast<int>(kSizes.size()) ? 0 : 6;
+}
+
+}  // namespace
+
+TEST_CASE("two processes: active messages both ways, 0 B..16 MiB, odd sizes, unaligned buffers") {
+  const auto before = dev_shm();
+  const auto codes = run_job(2, Config{}, {exchange_all_sizes, exchange_all_sizes});
+  CHECK(codes == std::vector<int>{0, 0});
+  CHECK(dev_shm() == before);
+}
+
+TEST_CASE("a ring smaller than the window: many outstanding messages, none lost") {
+  const Config config = test::config_with({{"AMI_SHM_RING_DEPTH", "4"}, {"AMI_SHM_CELL_SIZE", "256"}});
+  constexpr int kMessages = 20000;
+  auto sender = [](Client& client) {
+    Context& c = client.context(0);
+    int acked = 0;
+    Callback count{+[](void* n, Status s) { *static_cast<int*>(n) += s.ok() ? 1 : 100000; }, &acked};
+    std::vector<std::uint32_t> values(kMessages);
+    for (int i = 0; i < kMessages; ++i) {
+      values[i] = static_cast<std::uint32_t>(i);
+      Status s;
+      while ((s = c.send({.dest = {1, 0}, .dispatch = 1, .payload = std::as_bytes(std::span(&values[i], 1)),
+                          .remote_done = count})) == StatusCode::no_resource)
+        (void)c.advance();
+      if (!s.ok()) return 2;
+    }
+    return progress_until(c, [&] { return acked >= kMessages; }) && acked == kMessages ? 0 : 3;
+  };
+  auto receiver = [](Client& client) {
+    Context& c = client.context(0);
+    struct Order {
+      std::uint32_t next = 0;
+      bool ok = true;
+    } order;
+    auto h = +[](void* o, const Incoming& in, Receive*) {
+      auto* ord = static_cast<Order*>(o);
+      std::uint32_t v;
+      std::memcpy(&v, in.payload.data(), sizeof v);
+      if (v != ord->next++) ord->ok = false;
+    };
+    if (!c.set_dispatch(1, {h, &order}).ok()) return 2;
+    if (!progress_until(c, [&] { return order.next == kMessages; })) return 3;
+    for (int i = 0; i < 20000; ++i) (void)c.advance();  // let the last answers go out
+    return order.ok ? 0 : 4;
+  };
+  CHECK(run_job(2, config, {sender, receiver}) == std::vector<int>{0, 0});
+}
+
+namespace {
+
+// Rank 1 registers a region and sends its key; rank 0 PUTs a pattern into
+// it, GETs it back into another buffer, checks it and tells rank 1, which
+// checks its region too.
+int rdma_origin(Client& client) {
+  Context& c = client.context(0);
+  struct KeyBox {
+    RemoteKey key;
+    bool have = false;
+    bool bad = false;
+  } box;
+  auto on_key = +[](void* b, const Incoming& in, Receive*) {
+    auto* k = static_cast<KeyBox*>(b);
+    k->bad = !RemoteKey::from_bytes(in.payload, k->key).ok();
+    k->have = true;
+  };
+  if (!c.set_dispatch(1, {on_key, &box}).ok()) return 2;
+  if (!progress_until(c, [&] { return box.have; }) || box.bad) return 3;
+  const std::size_t n = box.key.length;
+  std::vector<std::uint8_t> src(n + 1), back(n + 1, 0);
+  for (std::size_t i = 0; i < n; ++i) src[i + 1] = byte_at(i, 42);
+  Memory sm, bm;
+  if (!client.register_memory(src.data(), src.size(), sm).ok()) return 4;
+  if (!client.register_memory(back.data(), back.size(), bm).ok()) return 4;
+  int done = 0;
+  Callback cb{+[](void* d, Status s) { *static_cast<int*>(d) += s.ok() ? 1 : 1000; }, &done};
+  // In pieces of odd sizes and unaligned offsets.
+  std::size_t off = 0, pieces = 0;
+  for (std::size_t len = 1; off < n; len = len * 3 + 1, ++pieces) {
+    const std::size_t l = std::min(len, n - off);
+    if (!c.put({.dest = {1, 0}, .local = &sm, .local_offset = off + 1, .remote = box.key,
+                .remote_offset = off, .bytes = l, .local_done = cb}).ok())
+      return 5;
+    off += l;
+  }
+  if (!progress_until(c, [&] { return done == static_cast<int>(pieces); })) return 6;
+  if (!c.get({.dest = {1, 0}, .local = &bm, .local_offset = 1, .remote = box.key, .bytes = n,
+              .local_done = cb}).ok())
+    return 7;
+  if (!progress_until(c, [&] { return done == static_cast<int>(pieces) + 1; })) return 8;
+  if (std::memcmp(back.data() + 1, src.data() + 1, n) != 0) return 9;
+  if (!c.send({.dest = {1, 0}, .dispatch = 2}).ok()) return 10;
+  for (int i = 0; i < 1000; ++i) (void)c.advance();
+  return 0;
+}
+
+int rdma_target(Client& client) {
+  Context& c = client.context(0);
+  const std::size_t n = (3 << 20) + 5;
+  std::vector<std::uint8_t> region(n, 0);
+  Memory m;
+  if (!client.register_memory(region.data(), n, m).ok()) return 2;
+  bool finished = false;
+  if (!c.set_dispatch(2, {+[](void* f, const Incoming&, Receive*) { *static_cast<bool*>(f) = true; }, &finished}).ok())
+    return 3;
+  const auto key = m.remote_key().to_bytes();
+  if (!c.send({.dest = {0, 0}, .dispatch = 1, .payload = key}).ok()) return 4;
+  if (!progress_until(c, [&] { return finished; })) return 5;
+  for (std::size_t i = 0; i < n; ++i)
+    if (region[i] != byte_at(i, 42)) return 6;
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("two processes: PUT and GET with CMA, and with CMA refused (forced)") {
+  for (const char* cma : {"on", "off"}) {
+    CAPTURE(cma);
+    const Config config = test::config_with({{"AMI_SHM_CMA", cma}});
+    CHECK(run_job(2, config, {rdma_origin, rdma_target}) == std::vector<int>{0, 0});
+  }
+}
+
+TEST_CASE("four processes exchange with everyone") {
+  auto all_to_all = [](Client& client) {
+    Context& c = client.context(0);
+    struct Got {
+      int count = 0;
+      std::vector<std::vector<std::uint8_t>> buffers;
+    } got;
+    got.buffers.reserve(16);
+    auto handler = +[](void* g, const Incoming& in, Receive* recv) {
+      auto* k = static_cast<Got*>(g);
+      if (recv == nullptr) {  // a single packet
+        k->count += in.payload.size() == 1000 ? 1 : 100;
+        return;
+      }
+      k->buffers.emplace_back(in.total_bytes);
+      recv->buffer = k->buffers.back().data();
+      recv->done = {+[](void* kk, Status s) { static_cast<Got*>(kk)->count += s.ok() ? 1 : 100; }, k};
+    };
+    if (!c.set_dispatch(3, {handler, &got}).ok()) return 2;
+    std::vector<std::uint8_t> data(1000, static_cast<std::uint8_t>(client.task()));
+    for (std::uint32_t t = 0; t < client.size(); ++t)
+      if (t != client.task() && !c.send({.dest = {t, 0}, .dispatch = 3, .payload = std::as_bytes(std::span(data))}).ok())
+        return 3;
+    if (!progress_until(c, [&] { return got.count >= static_cast<int>(client.size() - 1); })) return 4;
+    if (got.count != static_cast<int>(client.size() - 1)) return 6;
+    if (c.backend_for({(client.task() + 1) % client.size(), 0}) != "shm") return 5;
+    for (int i = 0; i < 5000; ++i) (void)c.advance();
+    return 0;
+  };
+  const auto codes = run_job(4, Config{}, {all_to_all, all_to_all, all_to_all, all_to_all});
+  CHECK(codes == std::vector<int>{0, 0, 0, 0});
+  for (int c : codes) MESSAGE("exit " << c);
+}
+
+TEST_CASE("a peer that exits early does not hang or crash the survivor") {
+  auto leaver = [](Client&) { return 0; };
+  auto stayer = [](Client& client) {
+    Context& c = client.context(0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the peer is gone by now
+    std::uint64_t v = 1;
+    int accepted = 0, refused = 0;
+    for (int i = 0; i < 2000; ++i) {
+      Status s = c.send_immediate({.dest = {1, 0}, .dispatch = 1, .payload = std::as_bytes(std::span(&v, 1))});
+      if (s.ok()) ++accepted;
+      else if (s == StatusCode::no_resource) ++refused;
+      else return 2;
+      (void)c.advance();
+    }
+    return accepted > 0 && refused > 0 ? 0 : 3;  // its ring filled; nothing blocked
+  };
+  const auto before = dev_shm();
+  CHECK(run_job(2, Config{}, {stayer, leaver}, std::chrono::seconds(30)) == std::vector<int>{0, 0});
+  CHECK(dev_shm() == before);
+}
+
+TEST_CASE("kill -9 of either side leaves nothing in /dev/shm") {
+  auto streamer = [](Client& client) {
+    Context& c = client.context(0);
+    std::uint64_t v = client.task();
+    if (!c.set_dispatch(1, {+[](void*, const Incoming&, Receive*) {}, nullptr}).ok()) return 2;
+    for (;;) {  // until killed
+      (void)c.send_immediate({.dest = {client.task() ^ 1, 0}, .dispatch = 1,
+                              .payload = std::as_bytes(std::span(&v, 1))});
+      (void)c.advance();
+    }
+  };
+  for (int victim = 0; victim < 2; ++victim) {
+    CAPTURE(victim);
+    const auto before = dev_shm();
+    const auto pids = spawn(2, Config{}, {streamer, streamer});
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    kill(pids[victim], SIGKILL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    kill(pids[victim ^ 1], SIGKILL);
+    const auto codes = wait_all(pids, std::chrono::seconds(10));
+    CHECK(codes == std::vector<int>{-SIGKILL, -SIGKILL});
+    CHECK(dev_shm() == before);
+  }
+}

@@ -1,0 +1,357 @@
+// tools/harness/session.cpp — the two sides of a measurement and how they
+// are started. The server is passive: it echoes (latency), absorbs
+// (bandwidth), hands out a registered buffer's key (PUT/GET) and answers
+// syncs; the client drives and prints.
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "ami/ami.hpp"
+#include "harness.hpp"
+#include "report.hpp"
+
+namespace ami::tools {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr std::uint16_t kData = 1, kControl = 2;
+enum Op : std::uint32_t { kPrepare = 1, kKey = 2, kSync = 3, kSyncAck = 4, kQuit = 5 };
+struct Control {
+  std::uint32_t op = 0;
+  std::uint32_t reserved = 0;
+  std::uint64_t arg = 0;
+};
+
+std::size_t max_size(const Options& o) { return *std::max_element(o.sizes.begin(), o.sizes.end()); }
+
+// Posts a control message, advancing while the FIFO is full.
+void control(Context& c, Endpoint to, Control m, std::span<const std::byte> payload = {}) {
+  for (;;) {
+    Status s = c.send_immediate({.dest = to, .dispatch = kControl, .header = std::as_bytes(std::span(&m, 1)),
+                                 .payload = payload});
+    if (s.ok()) return;
+    if (s != StatusCode::no_resource) throw Error("control message: " + to_string(s));
+    (void)c.advance();
+  }
+}
+
+// Sends len bytes from buf: immediately when it fits, else with send().
+Status send_data(Context& c, Endpoint to, const std::byte* buf, std::size_t len, Callback done = {}) {
+  if (!done && len <= c.immediate_limit(to)) {
+    Status s = c.send_immediate({.dest = to, .dispatch = kData, .payload = {buf, len}});
+    if (s != StatusCode::no_resource) return s;
+  }
+  return c.send({.dest = to, .dispatch = kData, .payload = {buf, len}, .local_done = done});
+}
+
+Control read_control(const Incoming& in) {
+  Control m;
+  if (in.header.size() == sizeof m) std::memcpy(&m, in.header.data(), sizeof m);
+  return m;
+}
+
+class Server {
+ public:
+  Server(Client& client, Context& c, Endpoint peer, const Options& o)
+      : client_(client), c_(c), peer_(peer), o_(o), buffer_(max_size(o) + 64) {
+    check(c_.set_dispatch(kData, {&Server::on_data, this}));
+    check(c_.set_dispatch(kControl, {&Server::on_control, this}));
+  }
+  void serve() {
+    while (!quit_) (void)c_.advance();
+  }
+
+ private:
+  static void check(Status s) {
+    if (!s.ok()) throw Error("server: " + to_string(s));
+  }
+  void echo(std::size_t len) { check(send_data(c_, peer_, buffer_.data(), len)); }
+  static void on_echo_ready(void* self, Status) {
+    auto* s = static_cast<Server*>(self);
+    s->echo(s->pending_);
+  }
+  static void on_data(void* self, const Incoming& in, Receive* recv) {
+    auto* s = static_cast<Server*>(self);
+    const bool latency = s->o_.test == Test::send_lat;
+    if (recv != nullptr) {  // a multi-packet message: into the buffer, echo when whole
+      recv->buffer = s->buffer_.data();
+      s->pending_ = in.total_bytes;
+      if (latency) recv->done = {&Server::on_echo_ready, s};
+      return;
+    }
+    if (latency) {
+      std::memcpy(s->buffer_.data(), in.payload.data(), in.payload.size());
+      s->echo(in.payload.size());
+    }
+  }
+  static void on_control(void* self, const Incoming& in, Receive*) {
+    auto* s = static_cast<Server*>(self);
+    const Control m = read_control(in);
+    switch (m.op) {
+      case kPrepare: {
+        if (!s->memory_.valid()) check(s->client_.register_memory(s->buffer_.data(), s->buffer_.size(), s->memory_));
+        const auto key = s->memory_.remote_key().to_bytes();
+        control(s->c_, s->peer_, {kKey, 0, 0}, key);
+        break;
+      }
+      case kSync: control(s->c_, s->peer_, {kSyncAck, 0, m.arg}); break;
+      case kQuit: s->quit_ = true; break;
+      default: break;
+    }
+  }
+
+  Client& client_;
+  Context& c_;
+  Endpoint peer_;
+  const Options& o_;
+  std::vector<std::byte> buffer_;
+  Memory memory_;
+  std::size_t pending_ = 0;
+  bool quit_ = false;
+};
+
+class Driver {
+ public:
+  Driver(Client& client, Context& c, Endpoint peer, const Options& o)
+      : client_(client), c_(c), peer_(peer), o_(o), send_(max_size(o) + 64), recv_(max_size(o) + 64) {
+    for (std::size_t i = 0; i < send_.size(); ++i) send_[i] = static_cast<std::byte>(i * 13);
+    check(c_.set_dispatch(kData, {&Driver::on_data, this}));
+    check(c_.set_dispatch(kControl, {&Driver::on_control, this}));
+  }
+
+  void run() {
+    print_banner(o_, client_.describe_backends());
+    if (o_.test == Test::send_lat) print_latency_header();
+    else print_bandwidth_header(o_.report_gbits);
+    if (o_.test == Test::write_bw || o_.test == Test::read_bw) prepare_rdma();
+    for (std::size_t size : o_.sizes) {
+      if (o_.test == Test::send_lat) latency(size);
+      else bandwidth(size);
+    }
+    print_footer();
+    control(c_, peer_, {kQuit, 0, 0});
+    for (int i = 0; i < 1000; ++i) (void)c_.advance();  // let the quit leave
+  }
+
+ private:
+  static void check(Status s) {
+    if (!s.ok()) throw Error("client: " + to_string(s));
+  }
+  void wait(const bool& flag) {
+    while (!flag) (void)c_.advance();
+  }
+
+  void prepare_rdma() {
+    check(client_.register_memory(send_.data(), send_.size(), local_));
+    control(c_, peer_, {kPrepare, 0, max_size(o_)});
+    wait(have_key_);
+  }
+
+  void latency(std::size_t size) {
+    std::vector<double> samples;
+    samples.reserve(o_.iterations);
+    const std::size_t warmup = std::min<std::size_t>(o_.iterations, 16);
+    for (std::size_t i = 0; i < warmup + o_.iterations; ++i) {
+      replied_ = false;
+      const auto t0 = Clock::now();
+      check(send_data(c_, peer_, send_.data(), size));
+      wait(replied_);
+      const auto t1 = Clock::now();
+      if (i >= warmup) samples.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / 2);
+    }
+    print_latency_row(size, std::move(samples));
+  }
+
+  // Streams iterations operations, tx_depth in flight, then a sync whose
+  // answer proves the last one arrived (a lane delivers in order).
+  void bandwidth(std::size_t size) {
+    const std::size_t n = o_.iterations;
+    stamps_.assign(n, Clock::time_point{});
+    completed_ = 0;
+    std::size_t posted = 0;
+    const auto t0 = Clock::now();
+    while (completed_ < n) {
+      while (posted < n && posted - completed_ < o_.tx_depth) {
+        Status s = post(size);
+        if (s == StatusCode::no_resource) break;
+        check(s);
+        ++posted;
+      }
+      (void)c_.advance();
+    }
+    if (!failure_.ok()) throw Error("client: an operation failed: " + to_string(failure_));
+    synced_ = false;
+    control(c_, peer_, {kSync, 0, size});
+    wait(synced_);
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    // Peak: the fastest stretch of a quarter of the run (completions arrive
+    // in batches, so shorter stretches would measure the batching).
+    const std::size_t block = std::max<std::size_t>(n / 4, 1);
+    double peak = seconds;
+    for (std::size_t i = 0; i + block < n; i += block)
+      peak = std::min(peak, std::chrono::duration<double>(stamps_[i + block] - stamps_[i]).count());
+    print_bandwidth_row(size, n, seconds, peak, block, o_.report_gbits);
+  }
+
+  Status post(std::size_t size) {
+    const Callback done{&Driver::on_complete, this};
+    switch (o_.test) {
+      case Test::send_bw: return send_data(c_, peer_, send_.data(), size, done);
+      case Test::write_bw:
+        return c_.put({.dest = peer_, .local = &local_, .remote = key_, .bytes = size, .local_done = done});
+      case Test::read_bw:
+        return c_.get({.dest = peer_, .local = &local_, .remote = key_, .bytes = size, .local_done = done});
+      case Test::send_lat: break;
+    }
+    return {StatusCode::invalid_argument, "not a bandwidth test"};
+  }
+
+  static void on_complete(void* self, Status s) {
+    auto* d = static_cast<Driver*>(self);
+    if (!s.ok() && d->failure_.ok()) d->failure_ = s;  // reported after the loop
+    d->stamps_[d->completed_++] = Clock::now();
+  }
+  static void on_reply_done(void* self, Status) { static_cast<Driver*>(self)->replied_ = true; }
+  static void on_data(void* self, const Incoming&, Receive* recv) {
+    auto* d = static_cast<Driver*>(self);
+    if (recv == nullptr) {
+      d->replied_ = true;
+      return;
+    }
+    recv->buffer = d->recv_.data();
+    recv->done = {&Driver::on_reply_done, d};
+  }
+  static void on_control(void* self, const Incoming& in, Receive*) {
+    auto* d = static_cast<Driver*>(self);
+    const Control m = read_control(in);
+    if (m.op == kKey) d->have_key_ = RemoteKey::from_bytes(in.payload, d->key_).ok();
+    if (m.op == kSyncAck) d->synced_ = true;
+  }
+
+  Client& client_;
+  Context& c_;
+  Endpoint peer_;
+  const Options& o_;
+  std::vector<std::byte> send_, recv_;
+  Memory local_;
+  RemoteKey key_{};
+  bool have_key_ = false, replied_ = false, synced_ = false;
+  std::size_t completed_ = 0;
+  Status failure_;
+  std::vector<Clock::time_point> stamps_;
+};
+
+void require_backend(Context& c, Endpoint peer, const Options& o) {
+  const std::string_view used = c.backend_for(peer);
+  if (used != o.backend)
+    throw Error("the peer is reached by '" + std::string(used.empty() ? "nothing" : used) + "', not by '" +
+                o.backend + "' (a server on another host needs --backend verbs)");
+}
+
+int run_self(const Options& o) {
+  Client client({.name = "ami_tool", .contexts = 2});
+  Server server(client, client.context(1), {0, 0}, o);
+  std::thread t([&] { server.serve(); });
+  try {
+    Driver(client, client.context(0), {0, 1}, o).run();
+  } catch (...) {
+    t.detach();
+    throw;
+  }
+  t.join();
+  return 0;
+}
+
+ClientOptions job(std::uint32_t rank, const std::string& address) {
+  return {.name = "ami_tool", .contexts = 1, .job = {.rank = rank, .size = 2, .bootstrap = address}};
+}
+
+int run_server(const Options& o, const std::string& address) {
+  Client client(job(0, address));
+  require_backend(client.context(0), {1, 0}, o);
+  Server(client, client.context(0), {1, 0}, o).serve();
+  return 0;
+}
+
+int run_client(const Options& o, const std::string& address) {
+  Client client(job(1, address));
+  require_backend(client.context(0), {0, 0}, o);
+  Driver(client, client.context(0), {0, 0}, o).run();
+  return 0;
+}
+
+// Pins the calling process to the index-th CPU it may run on, so the two
+// sides of a --local run do not share a core (each polls its own ring).
+void pin_to(unsigned index) {
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < 2) return;
+  for (int cpu = 0, seen = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed) || seen++ != static_cast<int>(index)) continue;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    (void)sched_setaffinity(0, sizeof one, &one);
+    return;
+  }
+}
+
+// --local: the server is a child process on loopback, each side on its own core.
+int run_local(const Options& o) {
+  const std::string address = "127.0.0.1:" + std::to_string(o.port);
+  const pid_t child = fork();
+  if (child < 0) throw Error("fork", errno);
+  if (child == 0) {
+    pin_to(0);
+    int rc = 1;
+    try {
+      rc = run_server(o, address);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "server: %s\n", e.what());
+    }
+    std::fflush(nullptr);
+    _exit(rc);
+  }
+  pin_to(1);
+  int rc = 1;
+  try {
+    rc = run_client(o, address);
+  } catch (...) {
+    kill(child, SIGKILL);
+    waitpid(child, nullptr, 0);
+    throw;
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  return rc != 0 ? rc : (WIFEXITED(status) ? WEXITSTATUS(status) : 1);
+}
+
+}  // namespace
+
+int run(int argc, char** argv, Test test) {
+  Options o;
+  bool help = false;
+  if (!parse_options(argc, argv, test, o, help)) return help ? 0 : 2;
+  try {
+    if (o.backend == "verbs")
+      throw Error("the verbs backend is not available in this build");
+    if (o.backend == "self") return run_self(o);
+    if (o.local) return run_local(o);
+    if (o.server.empty()) return run_server(o, "0.0.0.0:" + std::to_string(o.port));
+    return run_client(o, o.server + ":" + std::to_string(o.port));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace ami::tools
