@@ -43,7 +43,9 @@ ShmDevice::Step ShmDevice::send_packet(ShmLane& lane, const device::PacketDescri
 ShmDevice::Step ShmDevice::execute(ShmLane& lane, std::uint64_t n) {
   device::Descriptor& d = lane.fifo().at(n);
   if (d.kind == device::DescriptorKind::packet) return send_packet(lane, d.packet);
-  if (domain_.cma() && !lane.get_waiting_ && lane.put_sent_ == 0) return rdma_cma(lane, n);
+  const bool fresh = !lane.get_waiting_ && lane.put_sent_ == 0;
+  if (fresh && d.rdma.remote.shared_fd != 0) return rdma_mapped(lane, n);
+  if (fresh && domain_.cma()) return rdma_cma(lane, n);
   return d.kind == device::DescriptorKind::put ? put_through_ring(lane, n) : get_through_ring(lane, n);
 }
 

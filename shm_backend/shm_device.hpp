@@ -76,6 +76,15 @@ class ShmDevice final : public device::Device {
   ShmLane* lane_from(const device::ReceptionQueue::Origin& origin);
 
   // PUT and GET (shm_rdma.cpp)
+  struct SharedView {  // a peer's allocate_memory() region, mapped here
+    std::uint32_t task;
+    std::uint32_t shared_fd;
+    Mapping mapping;
+  };
+  static constexpr std::size_t kMaxSharedViews = 64;
+  Status shared_target(const ShmLane& lane, const device::RdmaDescriptor& x, std::byte*& out);
+  SharedView* map_shared(const ShmLane& lane, const RemoteKey& key);
+  Step rdma_mapped(ShmLane& lane, std::uint64_t n);
   Step rdma_cma(ShmLane& lane, std::uint64_t n);
   Step put_through_ring(ShmLane& lane, std::uint64_t n);
   Step get_through_ring(ShmLane& lane, std::uint64_t n);
@@ -94,6 +103,7 @@ class ShmDevice final : public device::Device {
   std::vector<std::unique_ptr<ShmLane>> lanes_;  // by task * contexts + context
   std::vector<ShmLane*> active_;                 // lanes made so far
   std::vector<GetResponse> responses_;           // GETs being answered through the rings
+  std::vector<SharedView> shared_views_;         // bounded by kMaxSharedViews
   std::uint64_t dropped_ = 0;
 };
 

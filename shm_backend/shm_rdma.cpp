@@ -1,8 +1,14 @@
 // shm_backend/shm_rdma.cpp — PUT and GET between processes: one copy with
 // CMA, or a pipelined copy through the rings where CMA is refused.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <string>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -38,6 +44,64 @@ Status cma_error(int err, bool put) {
 }
 
 }  // namespace
+
+// Maps the peer's shared region once; later operations find it here.
+ShmDevice::SharedView* ShmDevice::map_shared(const ShmLane& lane, const RemoteKey& key) {
+  for (SharedView& v : shared_views_)
+    if (v.task == key.task && v.shared_fd == key.shared_fd) return &v;
+  const std::string path = "/proc/" + std::to_string(lane.pid_) + "/fd/" + std::to_string(key.shared_fd - 1);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  struct stat st {};
+  void* p = MAP_FAILED;
+  if (::fstat(fd, &st) == 0 && st.st_size >= static_cast<off_t>(SharedRegionHeader::kBytes))
+    p = ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return nullptr;
+  if (shared_views_.size() == kMaxSharedViews) shared_views_.erase(shared_views_.begin());
+  shared_views_.push_back(SharedView{key.task, key.shared_fd, Mapping(p, static_cast<std::size_t>(st.st_size))});
+  return &shared_views_.back();
+}
+
+// Where [remote_address, + length) of a shared region lies in this process,
+// after checking that the region behind the key is still the one it names.
+Status ShmDevice::shared_target(const ShmLane& lane, const device::RdmaDescriptor& x, std::byte*& out) {
+  const RemoteKey& k = x.remote;
+  SharedView* v = map_shared(lane, k);
+  if (v == nullptr) return {StatusCode::unreachable, "the peer's shared region cannot be mapped"};
+  const auto* h = reinterpret_cast<const SharedRegionHeader*>(v->mapping.data());
+  const std::uint32_t generation =
+      std::atomic_ref<const std::uint32_t>(h->generation).load(std::memory_order_acquire);
+  if (h->magic != SharedRegionHeader::kMagic || h->job != k.job || h->task != k.task ||
+      h->region != k.region || generation != k.generation || h->length != k.length ||
+      SharedRegionHeader::kBytes + h->length > v->mapping.size()) {
+    shared_views_.erase(shared_views_.begin() + (v - shared_views_.data()));  // remap next time
+    return {StatusCode::remote_access, "remote key is stale (region freed)"};
+  }
+  const std::uint64_t offset = x.remote_address - k.address;
+  if (x.remote_address < k.address || offset > k.length || x.length > k.length - offset)
+    return {StatusCode::remote_access, "access lies outside the remote key's region"};
+  out = v->mapping.data() + SharedRegionHeader::kBytes + offset;
+  return Status::success();
+}
+
+// PUT and GET into a peer's allocate_memory() region: one memcpy.
+ShmDevice::Step ShmDevice::rdma_mapped(ShmLane& lane, std::uint64_t n) {
+  const device::Descriptor& d = lane.fifo().at(n);
+  std::byte* remote = nullptr;
+  const Status s = shared_target(lane, d.rdma, remote);
+  if (s == StatusCode::unreachable) return domain_.cma() ? rdma_cma(lane, n)
+      : d.kind == device::DescriptorKind::put ? put_through_ring(lane, n) : get_through_ring(lane, n);
+  if (!s.ok()) {
+    lane.fifo().fail_one(n, s);
+    return Step::done;
+  }
+  if (d.kind == device::DescriptorKind::put)
+    std::memcpy(remote, d.rdma.local, d.rdma.length);
+  else
+    std::memcpy(d.rdma.local, remote, d.rdma.length);
+  return Step::done;
+}
 
 ShmDevice::Step ShmDevice::rdma_cma(ShmLane& lane, std::uint64_t n) {
   const device::Descriptor& d = lane.fifo().at(n);

@@ -9,15 +9,14 @@ namespace ami::protocol {
 namespace {
 
 constexpr std::size_t kWireHeader = sizeof(wire::PacketHeader);
+constexpr std::size_t kShortHeader = wire::kShortHeaderBytes;
 
-// Fills d as a packet: the wire and user headers inline, then the payload
-// inline when it fits (so the caller's buffer is free at once), referenced
-// otherwise.
-void build_packet(device::Descriptor& d, const wire::PacketHeader& h,
-                  std::span<const std::byte> user_header, std::span<const std::byte> payload) {
+// Completes d as a packet whose n header bytes are already inline: the
+// payload goes inline too when it fits (so the caller's buffer is free at
+// once), and is referenced otherwise.
+void finish_packet(device::Descriptor& d, std::size_t n, std::span<const std::byte> payload) {
   d.kind = device::DescriptorKind::packet;
   device::PacketDescriptor& p = d.packet;
-  std::size_t n = wire::encode(h, user_header, p.inline_data);
   if (n + payload.size() <= device::kPacketInlineBytes) {
     if (!payload.empty()) std::memcpy(p.inline_data + n, payload.data(), payload.size());
     n += payload.size();
@@ -28,6 +27,18 @@ void build_packet(device::Descriptor& d, const wire::PacketHeader& h,
     p.payload_len = static_cast<std::uint32_t>(payload.size());
   }
   p.inline_len = static_cast<std::uint16_t>(n);
+}
+
+void build_packet(device::Descriptor& d, const wire::PacketHeader& h,
+                  std::span<const std::byte> user_header, std::span<const std::byte> payload) {
+  finish_packet(d, wire::encode(h, user_header, d.packet.inline_data), payload);
+}
+
+// A whole message that wants no answer: the short header.
+void build_short(device::Descriptor& d, std::uint16_t dispatch, std::span<const std::byte> user_header,
+                 std::span<const std::byte> payload) {
+  const auto n = static_cast<std::uint32_t>(payload.size());
+  finish_packet(d, wire::encode_short(dispatch, n, user_header, d.packet.inline_data), payload);
 }
 
 }  // namespace
@@ -74,7 +85,7 @@ std::size_t AmEngine::immediate_limit(Endpoint dest) {
   Peer* peer = peer_for(dest);
   device::Lane* lane = peer ? lane_for(*peer) : nullptr;
   if (lane == nullptr) return 0;
-  return std::min(lane->max_packet(), device::kPacketInlineBytes) - kWireHeader;
+  return std::min(lane->max_packet(), device::kPacketInlineBytes) - kShortHeader;
 }
 
 std::string_view AmEngine::backend_for(Endpoint dest) {
@@ -111,9 +122,7 @@ Status AmEngine::send_immediate(const SendImmediateParams& p) {
   device::Descriptor* d = lane->fifo().try_reserve();
   if (d == nullptr) return {StatusCode::no_resource, "send_immediate: injection FIFO is full"};
   const auto n = static_cast<std::uint32_t>(p.payload.size());
-  build_packet(*d, wire::make_header(wire::PacketType::am_first, p.dispatch, 0, n, 0, n,
-                                     static_cast<std::uint16_t>(p.header.size())),
-               p.header, p.payload);
+  build_short(*d, p.dispatch, p.header, p.payload);
   lane->fifo().commit();
   lane->ring();
   ++stats_.messages_sent;
@@ -129,15 +138,12 @@ Status AmEngine::send(const SendParams& p) {
   device::Lane* lane = lane_for(peer);
   if (lane == nullptr) return {StatusCode::unreachable, "send: no backend reaches the endpoint"};
 
-  const std::size_t room = lane->max_packet() - kWireHeader - p.header.size();
-  const bool one_packet = p.payload.size() <= room;
+  const bool one_packet = kShortHeader + p.header.size() + p.payload.size() <= lane->max_packet();
   if (one_packet && !p.remote_done && peer.head == nullptr) {
     // Fast path: no request at all; the user's callback is listed directly.
     if (device::Descriptor* d = lane->fifo().try_reserve()) {
       const auto n = static_cast<std::uint32_t>(p.payload.size());
-      build_packet(*d, wire::make_header(wire::PacketType::am_first, p.dispatch, 0, n, 0, n,
-                                         static_cast<std::uint16_t>(p.header.size())),
-                   p.header, p.payload);
+      build_short(*d, p.dispatch, p.header, p.payload);
       lane->fifo().commit(p.local_done);
       lane->ring();
       ++stats_.messages_sent;

@@ -46,7 +46,8 @@ void AmEngine::on_packet(Endpoint origin, std::span<const std::byte> bytes) {
   }
   ++stats_.packets_received;
   switch (v.type()) {
-    case wire::PacketType::am_first: on_first(*peer, v); break;
+    case wire::PacketType::am_first:
+    case wire::PacketType::am_short: on_first(*peer, v); break;
     case wire::PacketType::am_more: on_more(*peer, v); break;
     case wire::PacketType::remote_done: on_remote_done(v); break;
   }

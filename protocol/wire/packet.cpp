@@ -44,13 +44,34 @@ DecodeError check_offsets(const PacketHeader& h) {
 
 }  // namespace
 
+namespace {
+
+DecodeError decode_short(const PacketHeader& h, std::span<const std::byte> packet, PacketView& out) {
+  if (h.flags != 0) return DecodeError::bad_flags;  // nothing to answer, nothing else to say
+  if (h.header_len > kMaxUserHeader) return DecodeError::bad_length;
+  const std::size_t body = packet.size() - kShortHeaderBytes;
+  if (h.header_len > body || h.payload_len != body - h.header_len) return DecodeError::bad_length;
+  out.header = h;
+  out.header.message_id = 0;
+  out.header.total_len = h.payload_len;
+  out.header.offset = 0;
+  out.user_header = packet.subspan(kShortHeaderBytes, h.header_len);
+  out.payload = packet.subspan(kShortHeaderBytes + h.header_len, h.payload_len);
+  return DecodeError::none;
+}
+
+}  // namespace
+
 DecodeError decode(std::span<const std::byte> packet, PacketView& out) {
-  if (packet.size() < sizeof(PacketHeader)) return DecodeError::truncated;
-  PacketHeader h;
-  std::memcpy(&h, packet.data(), sizeof h);
+  if (packet.size() < kShortHeaderBytes) return DecodeError::truncated;
+  PacketHeader h{};
+  std::memcpy(&h, packet.data(), kShortHeaderBytes);
   if (h.magic != kMagic) return DecodeError::bad_magic;
   if (h.version != kVersion) return DecodeError::bad_version;
   if (h.type == 0 || h.type > kLastPacketType) return DecodeError::bad_type;
+  if (h.type == static_cast<std::uint8_t>(PacketType::am_short)) return decode_short(h, packet, out);
+  if (packet.size() < sizeof(PacketHeader)) return DecodeError::truncated;
+  std::memcpy(&h, packet.data(), sizeof h);
   if ((h.flags & ~kKnownFlags) != 0) return DecodeError::bad_flags;
   if (DecodeError e = check_lengths(h, packet.size()); e != DecodeError::none) return e;
   if (DecodeError e = check_offsets(h); e != DecodeError::none) return e;
@@ -58,6 +79,15 @@ DecodeError decode(std::span<const std::byte> packet, PacketView& out) {
   out.user_header = packet.subspan(sizeof h, h.header_len);
   out.payload = packet.subspan(sizeof h + h.header_len, h.payload_len);
   return DecodeError::none;
+}
+
+std::size_t encode_short(std::uint16_t dispatch, std::uint32_t payload_len,
+                         std::span<const std::byte> user_header, std::byte* out) {
+  const PacketHeader h = make_header(PacketType::am_short, dispatch, 0, payload_len, 0, payload_len,
+                                     static_cast<std::uint16_t>(user_header.size()));
+  std::memcpy(out, &h, kShortHeaderBytes);
+  if (!user_header.empty()) std::memcpy(out + kShortHeaderBytes, user_header.data(), user_header.size());
+  return kShortHeaderBytes + user_header.size();
 }
 
 std::size_t encode(const PacketHeader& header, std::span<const std::byte> user_header,

@@ -3,6 +3,9 @@
 //
 // Layout of a packet: PacketHeader (40 bytes, little-endian), then
 // header_len bytes of the user's header, then payload_len bytes of payload.
+// A whole message in one packet that wants no answer (am_short) sends only
+// the header's first kShortHeaderBytes, which keeps a small message within
+// one cache line of a shared-memory ring.
 // Wire input is untrusted: decode() checks magic, version, type, every length
 // and offset before anything reads past the fixed header, and says what was
 // wrong; the caller drops and counts a packet that fails.
@@ -26,8 +29,9 @@ enum class PacketType : std::uint8_t {
   am_first = 1,     // first packet of an active message: user header + payload from 0
   am_more = 2,      // a later fragment of the message in flight on this lane
   remote_done = 3,  // the target finished a message whose sender asked to know
+  am_short = 4,     // a whole message, no answer wanted: the short header only
 };
-inline constexpr std::uint8_t kLastPacketType = 3;
+inline constexpr std::uint8_t kLastPacketType = 4;
 
 enum PacketFlags : std::uint16_t {
   kWantsRemoteDone = 1u << 0,  // am_first: answer with remote_done when done
@@ -48,6 +52,7 @@ struct PacketHeader {
   std::uint64_t offset;       // of this packet's payload in the message
 };
 static_assert(sizeof(PacketHeader) == 40);
+inline constexpr std::size_t kShortHeaderBytes = 16;  // magic..payload_len
 
 enum class DecodeError : std::uint8_t {
   none,
@@ -62,6 +67,8 @@ enum class DecodeError : std::uint8_t {
 inline constexpr std::size_t kDecodeErrors = 8;
 std::string_view to_string(DecodeError e);
 
+// An am_short arrives with message_id 0, total_len = payload_len, offset 0,
+// and is dispatched as an am_first.
 struct PacketView {
   PacketHeader header;
   std::span<const std::byte> user_header;
@@ -75,6 +82,10 @@ DecodeError decode(std::span<const std::byte> packet, PacketView& out);
 // sizeof(PacketHeader) + user_header.size() bytes); returns bytes written.
 std::size_t encode(const PacketHeader& header, std::span<const std::byte> user_header,
                    std::byte* out);
+
+// The same for an am_short: writes kShortHeaderBytes + user_header.size().
+std::size_t encode_short(std::uint16_t dispatch, std::uint32_t payload_len,
+                         std::span<const std::byte> user_header, std::byte* out);
 
 PacketHeader make_header(PacketType type, std::uint16_t dispatch, std::uint64_t message_id,
                          std::uint64_t total_len, std::uint64_t offset,

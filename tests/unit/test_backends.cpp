@@ -3,6 +3,7 @@
 // TEST_CASE_TEMPLATE runs once per backend pair (pair.hpp).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <cstring>
@@ -275,6 +276,44 @@ TEST_CASE_TEMPLATE("put and get move bytes; callbacks say when", P, BACKENDS) {
   });
   for (auto& c : done) CHECK(c.last.ok());
   }
+}
+
+TEST_CASE_TEMPLATE("allocated memory: PUT/GET by plain copy; a freed region's key is refused", P, BACKENDS) {
+  P pair(fifo(16));
+  Context &a = pair.a(), &b = pair.b();
+  Memory target;
+  REQUIRE(pair.client_b().allocate_memory(100000, target).ok());
+  CHECK(target.remote_key().shared_fd != 0);
+  CHECK(reinterpret_cast<std::uintptr_t>(target.address()) % 4096 == 0);
+  auto* t = static_cast<std::uint8_t*>(target.address());
+  CHECK(std::all_of(t, t + 100000, [](std::uint8_t x) { return x == 0; }));
+  std::vector<std::uint8_t> src = pattern(100000, 3), back(100000, 0);
+  Memory sm, bm;
+  REQUIRE(pair.client_a().register_memory(src.data(), src.size(), sm).ok());
+  REQUIRE(pair.client_a().register_memory(back.data(), back.size(), bm).ok());
+  RemoteKey key;
+  REQUIRE(RemoteKey::from_bytes(target.remote_key().to_bytes(), key).ok());
+  CHECK(key.shared_fd == target.remote_key().shared_fd);
+  std::vector<Counter> done(40);
+  for (std::size_t i = 0; i < 20; ++i)  // odd pieces, more than the FIFO holds
+    REQUIRE(a.put({.dest = pair.to_b(), .local = &sm, .local_offset = i * 5000 + 1, .remote = key,
+                   .remote_offset = i * 5000 + 1, .bytes = 4999, .local_done = done[i].cb()}).ok());
+  for (std::size_t i = 0; i < 20; ++i)
+    REQUIRE(a.get({.dest = pair.to_b(), .local = &bm, .local_offset = i * 5000 + 1, .remote = key,
+                   .remote_offset = i * 5000 + 1, .bytes = 4999, .local_done = done[20 + i].cb()}).ok());
+  advance_until(a, b, [&] {
+    return std::all_of(done.begin(), done.end(), [](const Counter& c) { return c.calls == 1; });
+  });
+  for (auto& c : done) CHECK(c.last.ok());
+  for (std::size_t i = 0; i < 20; ++i) {
+    CHECK(std::memcmp(t + i * 5000 + 1, src.data() + i * 5000 + 1, 4999) == 0);
+    CHECK(std::memcmp(back.data() + i * 5000 + 1, src.data() + i * 5000 + 1, 4999) == 0);
+  }
+  target = Memory{};  // freed: the key is stale now
+  Counter stale;
+  REQUIRE(a.get({.dest = pair.to_b(), .local = &bm, .remote = key, .bytes = 8, .local_done = stale.cb()}).ok());
+  advance_until(a, b, [&] { return stale.calls == 1; });
+  CHECK(stale.last == StatusCode::remote_access);
 }
 
 TEST_CASE_TEMPLATE("remote keys are checked: range, staleness, other jobs", P, BACKENDS) {

@@ -272,12 +272,19 @@ int rdma_origin(Client& client) {
   return 0;
 }
 
+bool g_allocate_target = false;  // set before fork: the target's region comes from allocate_memory()
+
 int rdma_target(Client& client) {
   Context& c = client.context(0);
   const std::size_t n = (3 << 20) + 5;
-  std::vector<std::uint8_t> region(n, 0);
+  std::vector<std::uint8_t> storage(g_allocate_target ? 0 : n, 0);
   Memory m;
-  if (!client.register_memory(region.data(), n, m).ok()) return 2;
+  if (g_allocate_target) {
+    if (!client.allocate_memory(n, m).ok()) return 2;
+  } else if (!client.register_memory(storage.data(), n, m).ok()) {
+    return 2;
+  }
+  const auto* region = static_cast<const std::uint8_t*>(m.address());
   bool finished = false;
   if (!c.set_dispatch(2, {+[](void* f, const Incoming&, Receive*) { *static_cast<bool*>(f) = true; }, &finished}).ok())
     return 3;
@@ -291,12 +298,16 @@ int rdma_target(Client& client) {
 
 }  // namespace
 
-TEST_CASE("two processes: PUT and GET with CMA, and with CMA refused (forced)") {
-  for (const char* cma : {"on", "off"}) {
-    CAPTURE(cma);
-    const Config config = test::config_with({{"AMI_SHM_CMA", cma}});
-    CHECK(run_job(2, config, {rdma_origin, rdma_target}) == std::vector<int>{0, 0});
-  }
+TEST_CASE("two processes: PUT and GET with CMA, with CMA refused (forced), and into allocated memory") {
+  for (const bool allocate : {false, true})
+    for (const char* cma : {"on", "off"}) {
+      CAPTURE(cma);
+      CAPTURE(allocate);
+      g_allocate_target = allocate;
+      const Config config = test::config_with({{"AMI_SHM_CMA", cma}});
+      CHECK(run_job(2, config, {rdma_origin, rdma_target}) == std::vector<int>{0, 0});
+    }
+  g_allocate_target = false;
 }
 
 TEST_CASE("four processes exchange with everyone") {

@@ -122,3 +122,26 @@ TEST_CASE("every decode error has a name") {
   for (int e = 0; e < static_cast<int>(kDecodeErrors); ++e)
     CHECK(to_string(static_cast<DecodeError>(e)) != "unknown");
 }
+
+TEST_CASE("a short packet: header of 16 bytes, whole message, nothing to answer") {
+  std::vector<std::byte> p(kShortHeaderBytes + 4 + 8);
+  const std::byte user[4] = {std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4}};
+  REQUIRE(encode_short(7, 8, user, p.data()) == kShortHeaderBytes + 4);
+  PacketView v;
+  REQUIRE(decode(p, v) == DecodeError::none);
+  CHECK(v.type() == PacketType::am_short);
+  CHECK(v.header.dispatch == 7);
+  CHECK(v.header.total_len == 8);
+  CHECK(v.header.offset == 0);
+  CHECK(v.user_header.size() == 4);
+  CHECK(v.payload.size() == 8);
+
+  std::vector<std::byte> cut(p.begin(), p.begin() + 15);
+  CHECK(decode(cut, v) == DecodeError::truncated);
+  std::vector<std::byte> longer = p;
+  longer.push_back(std::byte{0});
+  CHECK(decode(longer, v) == DecodeError::bad_length);
+  std::vector<std::byte> flagged = p;
+  flagged[6] = std::byte{kWantsRemoteDone};  // flags live at bytes 6..7
+  CHECK(decode(flagged, v) == DecodeError::bad_flags);
+}

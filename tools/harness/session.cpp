@@ -99,7 +99,8 @@ class Server {
     const Control m = read_control(in);
     switch (m.op) {
       case kPrepare: {
-        if (!s->memory_.valid()) check(s->client_.register_memory(s->buffer_.data(), s->buffer_.size(), s->memory_));
+        // Memory ami allocates: peers on this host map it and copy directly.
+        if (!s->memory_.valid()) check(s->client_.allocate_memory(max_size(s->o_), s->memory_));
         const auto key = s->memory_.remote_key().to_bytes();
         control(s->c_, s->peer_, {kKey, 0, 0}, key);
         break;

@@ -2,6 +2,7 @@
 // registrations, the backends' shared state and the contexts.
 #include "ami/client.hpp"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -155,6 +156,36 @@ std::string Client::describe_backends() const {
          c.text("AMI_SHM_RING_DEPTH") + " x " + c.text("AMI_SHM_CELL_SIZE") + " B, PUT/GET by " +
          std::string(impl_->shm.rdma_mode()) + "\n";
   return out;
+}
+
+Status Client::allocate_memory(std::size_t length, Memory& out) {
+  if (length == 0) return {StatusCode::invalid_argument, "allocate_memory: length is zero"};
+  const std::size_t bytes = SharedRegionHeader::kBytes + length;
+  const int fd = ::memfd_create("ami-region", MFD_CLOEXEC);
+  if (fd < 0) return {StatusCode::no_resource, "allocate_memory: memfd_create failed"};
+  void* map = MAP_FAILED;
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) == 0)
+    map = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) {
+    ::close(fd);
+    return {StatusCode::no_resource, "allocate_memory: the shared mapping cannot be made"};
+  }
+  auto* data = static_cast<std::byte*>(map) + SharedRegionHeader::kBytes;
+  RemoteKey key;
+  {
+    std::lock_guard lock(impl_->registration_mutex);
+    Status s = impl_->regions.add(data, length, key);
+    if (!s.ok()) {
+      ::munmap(map, bytes);
+      ::close(fd);
+      return s;
+    }
+  }
+  key.shared_fd = static_cast<std::uint32_t>(fd) + 1;
+  *static_cast<SharedRegionHeader*>(map) =
+      SharedRegionHeader{SharedRegionHeader::kMagic, key.job, key.task, key.region, key.generation, 0, length};
+  out = Memory(&impl_->regions, key.region, key, data, length, map, bytes, fd);
+  return Status::success();
 }
 
 Status Client::register_memory(void* address, std::size_t length, Memory& out) {

@@ -1,6 +1,10 @@
 // memory.cpp — remote key serialisation and the Memory owner.
 #include "ami/memory.hpp"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cstring>
 #include <utility>
 
@@ -26,7 +30,7 @@ T get_field(const std::byte*& p) {
 }  // namespace
 
 // Layout (little-endian): magic u32, task u32, region u32, generation u32,
-// backend_key u32, reserved u32, job u64, address u64, length u64.
+// backend_key u32, shared_fd u32, job u64, address u64, length u64.
 std::array<std::byte, RemoteKey::kSerializedSize> RemoteKey::to_bytes() const {
   std::array<std::byte, kSerializedSize> out{};
   std::byte* p = out.data();
@@ -35,7 +39,7 @@ std::array<std::byte, RemoteKey::kSerializedSize> RemoteKey::to_bytes() const {
   put_field(p, region);
   put_field(p, generation);
   put_field(p, backend_key);
-  put_field(p, std::uint32_t{0});
+  put_field(p, shared_fd);
   put_field(p, job);
   put_field(p, address);
   put_field(p, length);
@@ -53,8 +57,7 @@ Status RemoteKey::from_bytes(std::span<const std::byte> bytes, RemoteKey& out) {
   k.region = get_field<std::uint32_t>(p);
   k.generation = get_field<std::uint32_t>(p);
   k.backend_key = get_field<std::uint32_t>(p);
-  if (get_field<std::uint32_t>(p) != 0)
-    return {StatusCode::invalid_argument, "remote key: reserved field is not zero"};
+  k.shared_fd = get_field<std::uint32_t>(p);
   k.job = get_field<std::uint64_t>(p);
   k.address = get_field<std::uint64_t>(p);
   k.length = get_field<std::uint64_t>(p);
@@ -66,7 +69,9 @@ Status RemoteKey::from_bytes(std::span<const std::byte> bytes, RemoteKey& out) {
 
 Memory::Memory(Memory&& other) noexcept
     : table_(std::exchange(other.table_, nullptr)), region_(other.region_), key_(other.key_),
-      address_(other.address_), length_(other.length_) {}
+      address_(other.address_), length_(other.length_),
+      mapping_(std::exchange(other.mapping_, nullptr)), mapping_bytes_(other.mapping_bytes_),
+      fd_(std::exchange(other.fd_, -1)) {}
 
 Memory& Memory::operator=(Memory&& other) noexcept {
   if (this != &other) {
@@ -76,6 +81,9 @@ Memory& Memory::operator=(Memory&& other) noexcept {
     key_ = other.key_;
     address_ = other.address_;
     length_ = other.length_;
+    mapping_ = std::exchange(other.mapping_, nullptr);
+    mapping_bytes_ = other.mapping_bytes_;
+    fd_ = std::exchange(other.fd_, -1);
   }
   return *this;
 }
@@ -85,6 +93,15 @@ Memory::~Memory() { release(); }
 void Memory::release() {
   if (table_ != nullptr) table_->remove(region_);
   table_ = nullptr;
+  if (mapping_ != nullptr) {
+    // Peers check the generation before each copy: from here on they refuse.
+    auto* h = static_cast<SharedRegionHeader*>(mapping_);
+    std::atomic_ref<std::uint32_t>(h->generation).store(0, std::memory_order_release);
+    ::munmap(mapping_, mapping_bytes_);
+    mapping_ = nullptr;
+  }
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
 }
 
 }  // namespace ami

@@ -59,6 +59,9 @@ class Client {
 
   // Registers [address, address + length) for local use and remote access.
   Status register_memory(void* address, std::size_t length, Memory& out);
+  // Allocates length bytes (zeroed, page-aligned) that peers on this host
+  // map, so their PUT and GET are one plain copy; out owns the buffer.
+  Status allocate_memory(std::size_t length, Memory& out);
 
  private:
   struct Impl;

@@ -5,6 +5,11 @@
 // Memory lives; the Memory must not outlive its Client. Destroying the Memory
 // deregisters it; remote keys naming it are refused from then on.
 //
+// Client::allocate_memory() returns a Memory that also owns its buffer: a
+// shared mapping that peers on the same host map once and then PUT into or
+// GET from with a plain copy (no system call per operation). Memory that was
+// only registered is reached with CMA.
+//
 // A RemoteKey is plain data that the owner hands to peers (as bytes) so they
 // can PUT into or GET from the region. Wire input: from_bytes() validates it
 // and every use is checked against the owner's registration.
@@ -32,6 +37,7 @@ struct RemoteKey {
   std::uint32_t region = 0;      // index in the owner's region table
   std::uint32_t generation = 0;  // the registration's generation: stale keys are refused
   std::uint32_t backend_key = 0; // e.g. the verbs rkey
+  std::uint32_t shared_fd = 0;   // memory from allocate_memory(): its memfd's fd + 1 in the owner
   std::uint64_t address = 0;     // the region's first byte in the owner's address space
   std::uint64_t length = 0;
 
@@ -48,6 +54,11 @@ class Memory {
   Memory(device::RegionTable* table, std::uint32_t region, RemoteKey key, void* address,
          std::size_t length)
       : table_(table), region_(region), key_(key), address_(address), length_(length) {}
+  // Takes the shared mapping [mapping, mapping + mapping_bytes) and its memfd too.
+  Memory(device::RegionTable* table, std::uint32_t region, RemoteKey key, void* address,
+         std::size_t length, void* mapping, std::size_t mapping_bytes, int fd)
+      : table_(table), region_(region), key_(key), address_(address), length_(length),
+        mapping_(mapping), mapping_bytes_(mapping_bytes), fd_(fd) {}
   Memory(Memory&& other) noexcept;
   Memory& operator=(Memory&& other) noexcept;
   Memory(const Memory&) = delete;
@@ -72,6 +83,24 @@ class Memory {
   RemoteKey key_{};
   void* address_ = nullptr;
   std::size_t length_ = 0;
+  void* mapping_ = nullptr;  // allocate_memory() only
+  std::size_t mapping_bytes_ = 0;
+  int fd_ = -1;
+};
+
+// The first page of a shared region's memfd: who it belongs to, so a peer
+// holding a key can tell a live region from a stale one (or from another
+// file that reused the fd number) before every copy.
+struct SharedRegionHeader {
+  static constexpr std::uint64_t kMagic = 0x31474552494D41ull;  // "AMIREG1"
+  static constexpr std::size_t kBytes = 4096;                   // data starts here
+  std::uint64_t magic;
+  std::uint64_t job;
+  std::uint32_t task;
+  std::uint32_t region;
+  std::uint32_t generation;  // 0 once the owner has freed it
+  std::uint32_t reserved;
+  std::uint64_t length;
 };
 
 }  // namespace ami

@@ -83,7 +83,7 @@ class ReceptionQueue {
     ReceptionQueue q(h);
     for (std::uint32_t i = 0; i < depth; ++i) {
       Cell* c = new (q.cell(i)) Cell{};
-      c->sequence.store(i, std::memory_order_relaxed);
+      c->sequence.store(0, std::memory_order_relaxed);  // ready means position + 1 >= 1
     }
     std::atomic_thread_fence(std::memory_order_release);
     return q;
@@ -113,19 +113,19 @@ class ReceptionQueue {
   };
 
   Reservation reserve() {
+    std::atomic_ref<std::uint64_t> cached(cached_head_);
     std::uint64_t pos = header_->tail.load(std::memory_order_relaxed);
     for (;;) {
-      Cell* c = cell(pos);
-      const std::uint64_t seq = c->sequence.load(std::memory_order_acquire);
-      const auto diff = static_cast<std::int64_t>(seq - pos);
-      if (diff == 0) {
-        if (header_->tail.compare_exchange_weak(pos, pos + 1, std::memory_order_relaxed))
-          return {c, pos};
-      } else if (diff < 0) {
-        return {};  // full
-      } else {
-        pos = header_->tail.load(std::memory_order_relaxed);
+      if (pos - cached.load(std::memory_order_relaxed) >= depth_) {
+        // Looks full: see how far the consumer really is. The acquire pairs
+        // with its release of the cell we are about to reuse.
+        const std::uint64_t head = header_->head.load(std::memory_order_acquire);
+        cached.store(head, std::memory_order_relaxed);
+        if (pos - head >= depth_) return {};  // full
       }
+      if (header_->tail.compare_exchange_weak(pos, pos + 1, std::memory_order_acquire,
+                                              std::memory_order_relaxed))
+        return {cell(pos), pos};
     }
   }
 
@@ -161,8 +161,7 @@ class ReceptionQueue {
   // Hands the cell peek() returned back to the producers.
   void release() {
     const std::uint64_t pos = header_->head.load(std::memory_order_relaxed);
-    cell(pos)->sequence.store(pos + depth_, std::memory_order_release);
-    header_->head.store(pos + 1, std::memory_order_relaxed);
+    header_->head.store(pos + 1, std::memory_order_release);
   }
 
  private:
@@ -177,6 +176,7 @@ class ReceptionQueue {
   std::byte* cells_ = nullptr;
   std::uint32_t depth_ = 0;
   std::uint32_t cell_bytes_ = 0;
+  std::uint64_t cached_head_ = 0;  // a producer's last look at the head (atomic_ref: several threads)
 };
 
 }  // namespace ami::device
