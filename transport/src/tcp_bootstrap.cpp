@@ -49,34 +49,29 @@ struct TcpBootstrap::Impl {
   std::vector<std::string> names;  // by rank, for messages
   Clock::time_point deadline;
 
-  // Runs the asynchronous operation start() begins until it completes or
-  // the deadline passes; throws naming what and who.
-  template <typename Start>
-  void wait(Start start, const std::string& what) {
+  // Runs the asynchronous operation start() begins on io_object until it
+  // completes or the deadline passes; throws naming what and who.
+  template <typename IoObject, typename Start>
+  void wait(IoObject& io_object, Start start, const std::string& what) {
     std::optional<error_code> result;
     start([&](error_code ec, auto&&...) { result = ec; });
     io.restart();
     while (!result && Clock::now() < deadline) io.run_one_until(deadline);
     if (!result) {
-      cancel_all();
+      error_code ignored;
+      io_object.cancel(ignored);
+      io.restart();
+      io.run();  // the cancelled handler runs before its state goes away
       throw Error("bootstrap: " + what + ": timed out after " + std::to_string(options.timeout.count()) + " ms");
     }
     if (*result) throw Error("bootstrap: " + what + ": " + result->message());
   }
-  void cancel_all() {
-    error_code ignored;
-    for (auto& p : peers)
-      if (p) p->cancel(ignored);
-    if (acceptor) acceptor->cancel(ignored);
-    io.restart();
-    io.run();  // let the cancelled handlers finish before their state goes
-  }
 
   void read(tcp::socket& s, void* p, std::size_t n, const std::string& what) {
-    wait([&](auto h) { asio::async_read(s, asio::buffer(p, n), h); }, what);
+    wait(s, [&](auto h) { asio::async_read(s, asio::buffer(p, n), h); }, what);
   }
   void write(tcp::socket& s, const void* p, std::size_t n, const std::string& what) {
-    wait([&](auto h) { asio::async_write(s, asio::buffer(p, n), h); }, what);
+    wait(s, [&](auto h) { asio::async_write(s, asio::buffer(p, n), h); }, what);
   }
 
   void listen();
@@ -107,7 +102,7 @@ void TcpBootstrap::Impl::listen() {
 // Accepts one peer, checks its hello and puts it in its rank's slot.
 void TcpBootstrap::Impl::accept_one(std::uint32_t still_missing) {
   tcp::socket s(io);
-  wait([&](auto h) { acceptor->async_accept(s, h); },
+  wait(*acceptor, [&](auto h) { acceptor->async_accept(s, h); },
        "rank 0 on port " + std::to_string(acceptor->local_endpoint().port()) + " waiting for " +
            std::to_string(still_missing) + " more task(s)");
   s.set_option(tcp::no_delay(true));

@@ -1,0 +1,73 @@
+// bootstrap.hpp — the TCP bootstrap: how the N processes of a job find each
+// other and exchange their address blobs before any backend is up.
+//
+// The job is a star around rank 0. Rank 0 listens; every other rank connects
+// (retrying, since rank 0 may start later) and introduces itself with a hello
+// {magic, version, rank, size}, which rank 0 checks and answers. allgather()
+// sends each rank's blob to rank 0, which answers everyone with the whole
+// table. Every wait is bounded by Options::timeout, and every failure throws
+// ami::Error naming the peer (rank and/or address) and the problem. This is
+// the setup path only: nothing here is meant to be fast.
+//
+// Wire format, all integers little-endian u32:
+//   hello   rank -> 0   magic, version, rank, size
+//   answer  0 -> rank   magic, version, verdict (0 = accepted), size
+//   blob    rank -> 0   length, bytes
+//   table   0 -> rank   count, then count x (length, bytes)
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ami::bootstrap {
+
+struct Options {
+  std::uint32_t rank = 0;
+  std::uint32_t size = 1;
+  std::string host;        // rank 0 binds here ("" or "0.0.0.0" = any), others connect here
+  std::uint16_t port = 0;  // rank 0 may pass 0 and learn the chosen port from TcpBootstrap::port()
+  std::chrono::milliseconds timeout{30000};  // for connecting (others retry until it), and for each exchange
+};
+
+using Blob = std::vector<std::byte>;
+inline constexpr std::size_t kMaxBlobBytes = 64 * 1024;
+
+class TcpBootstrap {
+ public:
+  // Rank 0 listens and accepts size-1 connections; the others connect,
+  // retrying every ~50 ms until the timeout. Size 1 opens no socket at all.
+  explicit TcpBootstrap(const Options& options);
+  ~TcpBootstrap();  // closes every socket; never throws
+  TcpBootstrap(const TcpBootstrap&) = delete;
+  TcpBootstrap& operator=(const TcpBootstrap&) = delete;
+
+  std::uint32_t rank() const;
+  std::uint32_t size() const;
+  std::uint16_t port() const;  // the port rank 0 listens on (useful with port 0)
+
+  // Every rank passes its blob (at most kMaxBlobBytes); everyone gets all
+  // blobs indexed by rank. After a failure the bootstrap has closed its
+  // sockets and every later call throws.
+  std::vector<Blob> allgather(std::span<const std::byte> mine);
+  void barrier();  // allgather of nothing
+
+  // For later failure detection: the native socket fds (rank 0: one per
+  // peer, by rank; others: the one to rank 0). Still owned by the bootstrap.
+  std::vector<int> sockets() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Parses "host:port" (also "[v6addr]:port"); returns false on anything
+// malformed (no port, port 0 or > 65535, empty host).
+bool parse_address(std::string_view text, std::string& host, std::uint16_t& port);
+
+}  // namespace ami::bootstrap
