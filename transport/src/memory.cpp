@@ -9,23 +9,14 @@
 #include <utility>
 
 #include "ami/device/region_table.hpp"
+#include "byte_io.hpp"
 
 namespace ami {
 
 namespace {
 
-template <typename T>
-void put_field(std::byte*& p, T v) {
-  std::memcpy(p, &v, sizeof v);
-  p += sizeof v;
-}
-template <typename T>
-T get_field(const std::byte*& p) {
-  T v;
-  std::memcpy(&v, p, sizeof v);
-  p += sizeof v;
-  return v;
-}
+using detail::load;
+using detail::store;
 
 }  // namespace
 
@@ -34,15 +25,15 @@ T get_field(const std::byte*& p) {
 std::array<std::byte, RemoteKey::kSerializedSize> RemoteKey::to_bytes() const {
   std::array<std::byte, kSerializedSize> out{};
   std::byte* p = out.data();
-  put_field(p, kMagic);
-  put_field(p, task);
-  put_field(p, region);
-  put_field(p, generation);
-  put_field(p, backend_key);
-  put_field(p, shared_fd);
-  put_field(p, job);
-  put_field(p, address);
-  put_field(p, length);
+  store(p, kMagic);
+  store(p, task);
+  store(p, region);
+  store(p, generation);
+  store(p, backend_key);
+  store(p, shared_fd);
+  store(p, job);
+  store(p, address);
+  store(p, length);
   return out;
 }
 
@@ -50,17 +41,17 @@ Status RemoteKey::from_bytes(std::span<const std::byte> bytes, RemoteKey& out) {
   if (bytes.size() < kSerializedSize)
     return {StatusCode::invalid_argument, "remote key: fewer bytes than a serialised key"};
   const std::byte* p = bytes.data();
-  if (get_field<std::uint32_t>(p) != kMagic)
+  if (load<std::uint32_t>(p) != kMagic)
     return {StatusCode::invalid_argument, "remote key: bad magic"};
   RemoteKey k;
-  k.task = get_field<std::uint32_t>(p);
-  k.region = get_field<std::uint32_t>(p);
-  k.generation = get_field<std::uint32_t>(p);
-  k.backend_key = get_field<std::uint32_t>(p);
-  k.shared_fd = get_field<std::uint32_t>(p);
-  k.job = get_field<std::uint64_t>(p);
-  k.address = get_field<std::uint64_t>(p);
-  k.length = get_field<std::uint64_t>(p);
+  k.task = load<std::uint32_t>(p);
+  k.region = load<std::uint32_t>(p);
+  k.generation = load<std::uint32_t>(p);
+  k.backend_key = load<std::uint32_t>(p);
+  k.shared_fd = load<std::uint32_t>(p);
+  k.job = load<std::uint64_t>(p);
+  k.address = load<std::uint64_t>(p);
+  k.length = load<std::uint64_t>(p);
   if (k.address + k.length < k.address)
     return {StatusCode::invalid_argument, "remote key: region wraps around the address space"};
   out = k;
