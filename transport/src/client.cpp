@@ -12,7 +12,7 @@
 #include "address_blob.hpp"
 #include "ami/device/region_table.hpp"
 #include "ami/error.hpp"
-#include "tcp_bootstrap.hpp"
+#include "bootstrap.hpp"
 #include "context_impl.hpp"
 
 namespace ami {
@@ -28,8 +28,8 @@ std::uint32_t u32(const Config& c, std::string_view name) {
   return static_cast<std::uint32_t>(c.number(name));
 }
 
-boot::Options job_bootstrap(const ClientOptions& o) {
-  boot::Options b;
+bootstrap::Options job_bootstrap(const ClientOptions& o) {
+  bootstrap::Options b;
   b.rank = o.job.rank.value_or(u32(o.config, "AMI_RANK"));
   b.size = o.job.size.value_or(u32(o.config, "AMI_SIZE"));
   b.timeout = std::chrono::milliseconds(o.config.number("AMI_BOOTSTRAP_TIMEOUT"));
@@ -39,7 +39,7 @@ boot::Options job_bootstrap(const ClientOptions& o) {
                 std::to_string(b.size));
   if (b.size == 1) return b;
   const std::string& address = o.job.bootstrap.empty() ? o.config.text("AMI_BOOTSTRAP") : o.job.bootstrap;
-  if (!boot::parse_address(address, b.host, b.port))
+  if (!bootstrap::parse_address(address, b.host, b.port))
     throw Error("Client: a job of " + std::to_string(b.size) +
                 " needs a bootstrap address host:port (AMI_BOOTSTRAP), not '" + address + "'");
   return b;
@@ -54,7 +54,7 @@ std::string hostname() {
 }  // namespace
 
 struct Client::Impl {
-  explicit Impl(ClientOptions& o, const boot::Options& b)
+  explicit Impl(ClientOptions& o, const bootstrap::Options& b)
       : name(std::move(o.name)), config(std::move(o.config)), task(b.rank), size(b.size),
         regions(0, b.rank, u32(config, "AMI_MAX_REGIONS")),
         shm(b.rank, b.size, o.contexts,
@@ -64,7 +64,7 @@ struct Client::Impl {
         self(b.rank, o.contexts, u32(config, "AMI_SELF_QUEUE_DEPTH"), u32(config, "AMI_SELF_CELL_SIZE"),
              regions) {}
 
-  void exchange_addresses(boot::TcpBootstrap* boot, std::uint16_t contexts);
+  void exchange_addresses(bootstrap::TcpBootstrap* boot, std::uint16_t contexts);
   void attach_peer(const AddressBlob& mine, const AddressBlob& peer);
 
   std::string name;
@@ -82,7 +82,7 @@ struct Client::Impl {
 
 // Every task learns every other task's address, agrees on the job id (rank
 // 0's) and maps the segments of the peers on its host.
-void Client::Impl::exchange_addresses(boot::TcpBootstrap* boot, std::uint16_t n) {
+void Client::Impl::exchange_addresses(bootstrap::TcpBootstrap* boot, std::uint16_t n) {
   AddressBlob mine{.job = random_job_id(), .task = task, .contexts = n,
                    .backends = AddressBlob::kShm, .pid = static_cast<std::uint32_t>(::getpid()),
                    .shm_fd = shm.segment_fd(), .boot_id = read_boot_id(), .hostname = hostname()};
@@ -91,7 +91,7 @@ void Client::Impl::exchange_addresses(boot::TcpBootstrap* boot, std::uint16_t n)
     regions.set_job(job);
     return;
   }
-  const std::vector<boot::Blob> all = boot->allgather(mine.encode());
+  const std::vector<bootstrap::Blob> all = boot->allgather(mine.encode());
   std::vector<AddressBlob> table(all.size());
   for (std::uint32_t t = 0; t < all.size(); ++t) {
     Status s = AddressBlob::decode(all[t], table[t]);
@@ -125,9 +125,9 @@ Client::Client(ClientOptions options) {
   if (options.contexts == 0 || options.contexts > shm::kMaxContexts)
     throw Error("Client: contexts must be 1.." + std::to_string(shm::kMaxContexts));
   const std::uint16_t n = options.contexts;
-  const boot::Options b = job_bootstrap(options);
-  std::unique_ptr<boot::TcpBootstrap> boot;
-  if (b.size > 1) boot = std::make_unique<boot::TcpBootstrap>(b);
+  const bootstrap::Options b = job_bootstrap(options);
+  std::unique_ptr<bootstrap::TcpBootstrap> boot;
+  if (b.size > 1) boot = std::make_unique<bootstrap::TcpBootstrap>(b);
   impl_ = std::make_unique<Impl>(options, b);
   impl_->exchange_addresses(boot.get(), n);
 
