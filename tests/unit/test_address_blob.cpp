@@ -37,4 +37,15 @@ TEST_CASE("address blobs: round trip, and every malformed one named") {
   no_segment.shm_fd = -1;
   CHECK(std::string(ami::AddressBlob::decode(no_segment.encode(), b).what()) ==
         "address blob offers shm without a segment");
+
+  ami::AddressBlob v = a;
+  v.backends |= ami::AddressBlob::kVerbs;
+  v.verbs = {std::byte{1}, std::byte{2}, std::byte{3}};
+  const auto vb = v.encode();
+  REQUIRE(ami::AddressBlob::decode(vb, b).ok());
+  CHECK(b.verbs == v.verbs);
+  auto cut = vb;
+  cut.pop_back();
+  CHECK(std::string(ami::AddressBlob::decode(cut, b).what()) ==
+        "address blob length does not match its verbs address");
 }

@@ -19,7 +19,8 @@ struct AddressBlob {
   static constexpr std::uint16_t kVersion = 1;
   static constexpr std::size_t kBootIdBytes = 40;
   static constexpr std::size_t kMaxHostname = 255;
-  enum Backend : std::uint16_t { kShm = 1u << 0 };
+  static constexpr std::size_t kMaxVerbsBytes = 32 * 1024;
+  enum Backend : std::uint16_t { kShm = 1u << 0, kVerbs = 1u << 1 };
 
   std::uint64_t job = 0;  // rank 0's choice is the job's
   std::uint32_t task = 0;
@@ -29,6 +30,7 @@ struct AddressBlob {
   std::int32_t shm_fd = -1;
   std::string boot_id;   // the host's /proc/sys/kernel/random/boot_id
   std::string hostname;
+  std::vector<std::byte> verbs;  // the verbs backend's address (kVerbs), opaque here
 
   std::vector<std::byte> encode() const;
   static Status decode(std::span<const std::byte> bytes, AddressBlob& out);
