@@ -1,10 +1,9 @@
 // pair.hpp — two contexts that talk through one backend, for the tests that
 // every backend must pass (TEST_CASE_TEMPLATE over the pair types).
 //
-// SelfPair: two contexts of one Client (self backend). ShmPair: two Clients
-// of a job of two, bootstrapped over loopback TCP inside this process, each
-// with its own memfd segment mapped by the other — the shm backend for real
-// (rings, CMA), driven from one thread.
+// SelfPair: two contexts of one Client (self backend). ShmPair, VerbsPair:
+// two Clients of a job of two in this process, reaching each other by shm or
+// by verbs.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -49,14 +48,18 @@ struct SelfPair {
   ami::Client client_;
 };
 
-struct ShmPair {
-  static constexpr const char* kBackend = "shm";
-  explicit ShmPair(const ami::Config& config) {
+// Two Clients of a job of two, bootstrapped over loopback TCP inside this
+// process, limited to the given backends (AMI_BACKENDS).
+class JobPair {
+ public:
+  JobPair(const ami::Config& config, const char* backends) {
+    ami::Config c = config;
+    REQUIRE(c.set("AMI_BACKENDS", backends).ok());
     const std::string address = "127.0.0.1:" + std::to_string(free_port());
     auto options = [&](std::uint32_t rank) {
       return ami::ClientOptions{.name = "test", .contexts = 1,
                                 .job = {.rank = rank, .size = 2, .bootstrap = address},
-                                .config = config};
+                                .config = c};
     };
     std::exception_ptr error;
     std::thread peer([&] {
@@ -66,11 +69,15 @@ struct ShmPair {
         error = std::current_exception();
       }
     });
-    a_ = std::make_unique<ami::Client>(options(0));
+    try {
+      a_ = std::make_unique<ami::Client>(options(0));
+    } catch (...) {
+      peer.join();
+      throw;
+    }
     peer.join();
     if (error) std::rethrow_exception(error);
   }
-
   ami::Client& client_a() { return *a_; }
   ami::Client& client_b() { return *b_; }
   ami::Context& a() { return a_->context(0); }
@@ -80,6 +87,20 @@ struct ShmPair {
 
  private:
   std::unique_ptr<ami::Client> a_, b_;
+};
+
+// The shm backend for real (each Client's memfd segment mapped by the
+// other: rings, CMA), driven from one thread.
+struct ShmPair : JobPair {
+  static constexpr const char* kBackend = "shm";
+  explicit ShmPair(const ami::Config& config) : JobPair(config, "self,shm") {}
+};
+
+// The verbs backend for real: RC queue pairs on the RDMA port, connected by
+// rdma_cm or the address exchange as configured. Needs an active port.
+struct VerbsPair : JobPair {
+  static constexpr const char* kBackend = "verbs";
+  explicit VerbsPair(const ami::Config& config) : JobPair(config, "self,verbs") {}
 };
 
 }  // namespace test

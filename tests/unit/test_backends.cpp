@@ -28,7 +28,13 @@ ClientOptions options(std::uint16_t contexts, std::uint64_t fifo_depth = 256) {
 
 Config fifo(std::uint64_t depth) { return test::config_with({{"AMI_FIFO_DEPTH", std::to_string(depth)}}); }
 
+// Built twice: as test_backends for self and shm, and with AMI_TEST_VERBS as
+// test_backends_verbs, which runs where an RDMA port is (the rxe VM).
+#ifdef AMI_TEST_VERBS
+#define BACKENDS test::VerbsPair
+#else
 #define BACKENDS test::SelfPair, test::ShmPair
+#endif
 
 std::span<const std::byte> bytes_of(const std::vector<std::uint8_t>& v) {
   return std::as_bytes(std::span(v));

@@ -5,8 +5,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <random>
 
 #include "address_blob.hpp"
@@ -14,6 +17,7 @@
 #include "ami/error.hpp"
 #include "bootstrap.hpp"
 #include "context_impl.hpp"
+#include "verbs_backend/verbs_domain.hpp"
 
 namespace ami {
 
@@ -45,6 +49,75 @@ bootstrap::Options job_bootstrap(const ClientOptions& o) {
   return b;
 }
 
+// Which of shm and verbs AMI_BACKENDS allows (self always serves the own task).
+struct BackendChoice {
+  bool shm = false;
+  bool verbs = false;
+  bool verbs_required = false;  // asked for explicitly: failing to open it is an error
+};
+
+BackendChoice choose_backends(const Config& c) {
+  BackendChoice b;
+  const std::string& list = c.text("AMI_BACKENDS");
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    std::size_t end = list.find(',', start);
+    if (end == std::string::npos) end = list.size();
+    const std::string name = list.substr(start, end - start);
+    if (name == "shm") {
+      b.shm = true;
+    } else if (name == "verbs") {
+      b.verbs = true;
+    } else if (name != "self" && !name.empty()) {
+      throw Error("Client: AMI_BACKENDS names '" + name + "'; the backends are self, shm and verbs");
+    }
+    start = end + 1;
+  }
+  b.verbs_required = b.verbs && c.origin("AMI_BACKENDS") != "default";
+  return b;
+}
+
+// A number, or nothing for "auto"; anything else is an error naming the parameter.
+std::optional<std::uint32_t> auto_or_number(const Config& c, std::string_view name) {
+  const std::string& text = c.text(name);
+  if (text == "auto") return std::nullopt;
+  std::uint32_t v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc{} || end != text.data() + text.size() || text.empty())
+    throw Error("Client: " + std::string(name) + " must be auto or a number, not '" + text + "'");
+  return v;
+}
+
+verbs::VerbsOptions verbs_options(const Config& c) {
+  verbs::VerbsOptions v;
+  v.net_devices = c.text("AMI_NET_DEVICES");
+  if (auto gid = auto_or_number(c, "AMI_VERBS_GID_INDEX")) v.gid_index = static_cast<int>(*gid);
+  const std::string& cm = c.text("AMI_VERBS_CM");
+  if (cm == "on") {
+    v.use_rdma_cm = true;
+  } else if (cm == "off") {
+    v.use_rdma_cm = false;
+  } else if (cm != "auto") {
+    throw Error("Client: AMI_VERBS_CM must be auto, on or off, not '" + cm + "'");
+  }
+  if (auto mtu = auto_or_number(c, "AMI_VERBS_MTU")) {
+    switch (*mtu) {
+      case 256: v.mtu_cap = IBV_MTU_256; break;
+      case 512: v.mtu_cap = IBV_MTU_512; break;
+      case 1024: v.mtu_cap = IBV_MTU_1024; break;
+      case 2048: v.mtu_cap = IBV_MTU_2048; break;
+      case 4096: v.mtu_cap = IBV_MTU_4096; break;
+      default: throw Error("Client: AMI_VERBS_MTU must be auto, 256, 512, 1024, 2048 or 4096");
+    }
+  }
+  v.sq_depth = std::max(u32(c, "AMI_VERBS_SQ_DEPTH"), u32(c, "AMI_FIFO_DEPTH") + 1);
+  v.srq_depth = u32(c, "AMI_VERBS_SRQ_DEPTH");
+  v.signal_interval = u32(c, "AMI_VERBS_SIGNAL_INTERVAL");
+  v.bounce_bytes = u32(c, "AMI_VERBS_BOUNCE_SIZE");
+  v.max_inline = auto_or_number(c, "AMI_VERBS_MAX_INLINE");
+  return v;
+}
+
 std::string hostname() {
   char name[256] = {};
   ::gethostname(name, sizeof name - 1);
@@ -62,10 +135,16 @@ struct Client::Impl {
                                config.flag("AMI_SHM_CMA")},
             regions),
         self(b.rank, o.contexts, u32(config, "AMI_SELF_QUEUE_DEPTH"), u32(config, "AMI_SELF_CELL_SIZE"),
-             regions) {}
+             regions),
+        backends(choose_backends(config)) {
+    if (backends.verbs) open_verbs(o.contexts);
+  }
 
+  void open_verbs(std::uint16_t contexts);
   void exchange_addresses(bootstrap::TcpBootstrap* boot, std::uint16_t contexts);
   void attach_peer(const AddressBlob& mine, const AddressBlob& peer);
+  static bool verbs_between(const AddressBlob& a, const AddressBlob& b);
+  Status register_region(RemoteKey& key, void* address, std::size_t length, std::uint32_t& lkey);
 
   std::string name;
   Config config;
@@ -76,16 +155,58 @@ struct Client::Impl {
   device::RegionTable regions;
   shm::ShmDomain shm;
   self::SelfDomain self;
+  BackendChoice backends;
+  std::string verbs_absent;  // why there is no verbs domain
+  std::unique_ptr<verbs::VerbsDomain> verbs;  // after the regions: its MRs go first
   std::uint32_t shm_peers = 0;
+  std::uint32_t verbs_peers = 0;
   std::vector<std::unique_ptr<Context>> contexts;  // last: destroyed first
 };
 
+// The verbs domain when there is an RDMA port. Without one (or when it
+// cannot be set up) the job goes on without verbs, unless AMI_BACKENDS asked
+// for it by name.
+void Client::Impl::open_verbs(std::uint16_t contexts) {
+  const verbs::VerbsOptions options = verbs_options(config);
+  if (!verbs::VerbsDomain::available(&verbs_absent, options.net_devices)) {
+    if (backends.verbs_required) throw Error("Client: AMI_BACKENDS asks for verbs, but " + verbs_absent);
+    return;
+  }
+  try {
+    verbs = std::make_unique<verbs::VerbsDomain>(task, size, contexts, options, regions);
+  } catch (const Error& e) {
+    if (backends.verbs_required) throw;
+    verbs_absent = e.what();
+    std::fprintf(stderr, "ami: warning: going on without verbs: %s\n", e.what());
+    return;
+  }
+  regions.on_remove([this](std::uint32_t region) {
+    std::lock_guard lock(registration_mutex);
+    verbs->deregister_region(region);
+  });
+}
+
+// Both tasks decide alike whether verbs joins them: both offer it and shm
+// does not (both offering shm on one host).
+bool Client::Impl::verbs_between(const AddressBlob& a, const AddressBlob& b) {
+  if (!(a.backends & AddressBlob::kVerbs) || !(b.backends & AddressBlob::kVerbs)) return false;
+  const bool shm = (a.backends & AddressBlob::kShm) && (b.backends & AddressBlob::kShm) &&
+                   !a.boot_id.empty() && a.boot_id == b.boot_id;
+  return !shm;
+}
+
 // Every task learns every other task's address, agrees on the job id (rank
-// 0's) and maps the segments of the peers on its host.
+// 0's), maps the segments of the peers on its host and connects its queue
+// pairs to the peers it reaches by verbs.
 void Client::Impl::exchange_addresses(bootstrap::TcpBootstrap* boot, std::uint16_t n) {
   AddressBlob mine{.job = random_job_id(), .task = task, .contexts = n,
-                   .backends = AddressBlob::kShm, .pid = static_cast<std::uint32_t>(::getpid()),
+                   .backends = 0, .pid = static_cast<std::uint32_t>(::getpid()),
                    .shm_fd = shm.segment_fd(), .boot_id = read_boot_id(), .hostname = hostname()};
+  if (backends.shm) mine.backends |= AddressBlob::kShm;
+  if (verbs) {
+    mine.backends |= AddressBlob::kVerbs;
+    mine.verbs = verbs->local_address();
+  }
   if (boot == nullptr) {
     job = mine.job;
     regions.set_job(job);
@@ -106,7 +227,16 @@ void Client::Impl::exchange_addresses(bootstrap::TcpBootstrap* boot, std::uint16
   regions.set_job(job);
   for (std::uint32_t t = 0; t < table.size(); ++t)
     if (t != task) attach_peer(mine, table[t]);
-  boot->barrier();  // every task has mapped what it will map
+  // In increasing task order on every task, as rdma_cm wants.
+  for (std::uint32_t t = 0; t < table.size(); ++t) {
+    if (t == task || !verbs_between(mine, table[t])) continue;
+    Status s = verbs->connect(t, table[t].verbs);
+    if (!s.ok())
+      throw Error("Client: cannot connect to task " + std::to_string(t) + " (" + table[t].hostname +
+                  ") by verbs: " + to_string(s));
+    ++verbs_peers;
+  }
+  boot->barrier();  // every task has mapped and connected what it will
 }
 
 void Client::Impl::attach_peer(const AddressBlob& mine, const AddressBlob& peer) {
@@ -135,7 +265,7 @@ Client::Client(ClientOptions options) {
   const auto fifo_depth = u32(impl_->config, "AMI_FIFO_DEPTH");
   for (std::uint16_t i = 0; i < n; ++i)
     impl_->contexts.push_back(std::unique_ptr<Context>(new Context(std::make_unique<detail::ContextImpl>(
-        *this, i, impl_->self, impl_->shm, fifo_depth, shape))));
+        *this, i, impl_->self, impl_->shm, impl_->verbs.get(), fifo_depth, shape))));
 }
 
 Client::~Client() = default;
@@ -155,7 +285,24 @@ std::string Client::describe_backends() const {
   out += "shm: " + std::to_string(impl_->shm_peers) + " peer task(s) on this host, ring " +
          c.text("AMI_SHM_RING_DEPTH") + " x " + c.text("AMI_SHM_CELL_SIZE") + " B, PUT/GET by " +
          std::string(impl_->shm.rdma_mode()) + "\n";
+  if (impl_->verbs)
+    out += impl_->verbs->describe() + ", " + std::to_string(impl_->verbs_peers) + " peer task(s)\n";
+  else if (impl_->backends.verbs)
+    out += "verbs: not in use: " + impl_->verbs_absent + "\n";
   return out;
+}
+
+// A slot in the region table, and the verbs registration when there is one.
+Status Client::Impl::register_region(RemoteKey& key, void* address, std::size_t length, std::uint32_t& lkey) {
+  std::unique_lock lock(registration_mutex);
+  Status s = regions.add(address, length, key);
+  if (!s.ok() || !verbs) return s;
+  s = verbs->register_region(key.region, address, length, lkey, key.backend_key);
+  if (!s.ok()) {
+    lock.unlock();  // remove() takes it again through the hook
+    regions.remove(key.region);
+  }
+  return s;
 }
 
 Status Client::allocate_memory(std::size_t length, Memory& out) {
@@ -172,19 +319,17 @@ Status Client::allocate_memory(std::size_t length, Memory& out) {
   }
   auto* data = static_cast<std::byte*>(map) + SharedRegionHeader::kBytes;
   RemoteKey key;
-  {
-    std::lock_guard lock(impl_->registration_mutex);
-    Status s = impl_->regions.add(data, length, key);
-    if (!s.ok()) {
-      ::munmap(map, bytes);
-      ::close(fd);
-      return s;
-    }
+  std::uint32_t lkey = 0;
+  Status s = impl_->register_region(key, data, length, lkey);
+  if (!s.ok()) {
+    ::munmap(map, bytes);
+    ::close(fd);
+    return s;
   }
   key.shared_fd = static_cast<std::uint32_t>(fd) + 1;
   *static_cast<SharedRegionHeader*>(map) =
       SharedRegionHeader{SharedRegionHeader::kMagic, key.job, key.task, key.region, key.generation, 0, length};
-  out = Memory(&impl_->regions, key.region, key, data, length, map, bytes, fd);
+  out = Memory(&impl_->regions, key.region, key, data, length, map, bytes, fd, lkey);
   return Status::success();
 }
 
@@ -193,12 +338,10 @@ Status Client::register_memory(void* address, std::size_t length, Memory& out) {
     return {StatusCode::invalid_argument, "register_memory: address is null but length is not zero"};
   if (length == 0) return {StatusCode::invalid_argument, "register_memory: length is zero"};
   RemoteKey key;
-  {
-    std::lock_guard lock(impl_->registration_mutex);
-    Status s = impl_->regions.add(address, length, key);
-    if (!s.ok()) return s;
-  }
-  out = Memory(&impl_->regions, key.region, key, address, length);
+  std::uint32_t lkey = 0;
+  Status s = impl_->register_region(key, address, length, lkey);
+  if (!s.ok()) return s;
+  out = Memory(&impl_->regions, key.region, key, address, length, lkey);
   return Status::success();
 }
 

@@ -36,6 +36,32 @@ constexpr ParamSpec kTable[] = {
      "host:port where rank 0 listens and the other ranks connect to exchange addresses."},
     {"AMI_BOOTSTRAP_TIMEOUT", "30000", ParamType::unsigned_int, 1, 3600000,
      "Milliseconds to wait for the bootstrap: connecting to rank 0 and each exchange."},
+    {"AMI_BACKENDS", "self,shm,verbs", ParamType::text, 0, 0,
+     "Backends this process may use, comma-separated from self, shm, verbs. A peer is reached by the "
+     "first of self, shm, verbs (in that order) that is listed and reaches it; leave out shm to run "
+     "same-host peers over verbs."},
+    {"AMI_NET_DEVICES", "", ParamType::text, 0, 0,
+     "RDMA device and port for the verbs backend, as device[:port] (rxe0:1, mlx5_0); empty: the "
+     "first active port."},
+    {"AMI_VERBS_GID_INDEX", "auto", ParamType::text, 0, 0,
+     "GID index for RoCE: auto picks the RoCE v2 IPv4-mapped GID; or a number."},
+    {"AMI_VERBS_CM", "auto", ParamType::text, 0, 0,
+     "Connect queue pairs with rdma_cm (on), by exchanging their numbers through the bootstrap "
+     "(off), or auto: rdma_cm on RoCE, the exchange on InfiniBand."},
+    {"AMI_VERBS_MTU", "auto", ParamType::text, 0, 0,
+     "Largest path MTU: auto (the port's active MTU) or 256, 512, 1024, 2048, 4096."},
+    {"AMI_VERBS_SQ_DEPTH", "256", ParamType::unsigned_int, 2, 65536,
+     "Send work requests per queue pair; at least AMI_FIFO_DEPTH + 1 is used."},
+    {"AMI_VERBS_SRQ_DEPTH", "512", ParamType::unsigned_int, 16, 65536,
+     "Receive buffers per context in its shared receive queue."},
+    {"AMI_VERBS_SIGNAL_INTERVAL", "16", ParamType::unsigned_int, 1, 65536,
+     "One send work request in this many asks for a completion; one completion retires the run "
+     "before it."},
+    {"AMI_VERBS_MAX_INLINE", "auto", ParamType::text, 0, 0,
+     "Bytes a send carries inline in its work request: auto (the most the device takes) or a "
+     "number, 0 for never."},
+    {"AMI_VERBS_BOUNCE_SIZE", "8192", ParamType::power_of_two, 256, 1 * kMiB,
+     "Bytes per receive buffer, so the largest packet over verbs."},
     {"AMI_MAX_REGIONS", "4096", ParamType::unsigned_int, 1, 1u << 20,
      "Memory registrations a client holds at once."},
 };

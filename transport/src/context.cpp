@@ -27,6 +27,12 @@ std::size_t Context::immediate_limit(Endpoint dest) { return impl_->engine.immed
 
 std::string_view Context::backend_for(Endpoint dest) { return impl_->engine.backend_for(dest); }
 
+std::string Context::describe_lane(Endpoint dest) {
+  const std::string_view backend = backend_for(dest);
+  if (backend == "verbs") return impl_->verbs_domain->describe_lane(impl_->index, dest);
+  return backend.empty() ? std::string("unreachable") : std::string(backend);
+}
+
 namespace {
 
 // The checks put and get share; names the call in every message.
@@ -53,14 +59,14 @@ Status Context::put(const RdmaParams& params) {
   Status s = check_rdma(client(), params, true);
   if (!s.ok()) return s;
   auto* local = static_cast<std::byte*>(params.local->address()) + params.local_offset;
-  return impl_->engine.rdma(device::DescriptorKind::put, params, local, params.local->remote_key().backend_key);
+  return impl_->engine.rdma(device::DescriptorKind::put, params, local, params.local->local_key());
 }
 
 Status Context::get(const RdmaParams& params) {
   Status s = check_rdma(client(), params, false);
   if (!s.ok()) return s;
   auto* local = static_cast<std::byte*>(params.local->address()) + params.local_offset;
-  return impl_->engine.rdma(device::DescriptorKind::get, params, local, params.local->remote_key().backend_key);
+  return impl_->engine.rdma(device::DescriptorKind::get, params, local, params.local->local_key());
 }
 
 std::size_t Context::advance(std::size_t max_loops) {

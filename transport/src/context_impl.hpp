@@ -9,16 +9,23 @@
 #include "protocol/eager/am_engine.hpp"
 #include "shm_backend/shm_device.hpp"
 #include "transport/self/self_device.hpp"
+#include "verbs_backend/verbs_device.hpp"
 
 namespace ami::detail {
 
 struct ContextImpl {
+  // verbs_domain: null when the task has no verbs backend.
   ContextImpl(Client& client, std::uint16_t index, self::SelfDomain& self_domain,
-              shm::ShmDomain& shm_domain, std::uint32_t fifo_depth, protocol::AmEngine::Shape shape)
+              shm::ShmDomain& shm_domain, verbs::VerbsDomain* verbs_domain, std::uint32_t fifo_depth,
+              protocol::AmEngine::Shape shape)
       : client(client), index(index), self_device(self_domain, index, fifo_depth),
-        shm_device(shm_domain, index, fifo_depth), engine(shape, stats) {
-    engine.add_device(self_device);  // priority order: self, then shm
+        shm_device(shm_domain, index, fifo_depth), verbs_domain(verbs_domain),
+        verbs_device(verbs_domain ? std::make_unique<verbs::VerbsDevice>(*verbs_domain, index, fifo_depth)
+                                  : nullptr),
+        engine(shape, stats) {
+    engine.add_device(self_device);  // priority order: self, shm, verbs
     engine.add_device(shm_device);
+    if (verbs_device) engine.add_device(*verbs_device);
   }
 
   Client& client;
@@ -28,6 +35,8 @@ struct ContextImpl {
   // Devices before the engine: the engine holds their lanes and goes first.
   self::SelfDevice self_device;
   shm::ShmDevice shm_device;
+  verbs::VerbsDomain* verbs_domain;
+  std::unique_ptr<verbs::VerbsDevice> verbs_device;
   protocol::AmEngine engine;
 };
 

@@ -60,7 +60,7 @@ Status RemoteKey::from_bytes(std::span<const std::byte> bytes, RemoteKey& out) {
 
 Memory::Memory(Memory&& other) noexcept
     : table_(std::exchange(other.table_, nullptr)), region_(other.region_), key_(other.key_),
-      address_(other.address_), length_(other.length_),
+      address_(other.address_), length_(other.length_), local_key_(other.local_key_),
       mapping_(std::exchange(other.mapping_, nullptr)), mapping_bytes_(other.mapping_bytes_),
       fd_(std::exchange(other.fd_, -1)) {}
 
@@ -72,6 +72,7 @@ Memory& Memory::operator=(Memory&& other) noexcept {
     key_ = other.key_;
     address_ = other.address_;
     length_ = other.length_;
+    local_key_ = other.local_key_;
     mapping_ = std::exchange(other.mapping_, nullptr);
     mapping_bytes_ = other.mapping_bytes_;
     fd_ = std::exchange(other.fd_, -1);

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 
 #include "ami/callback.hpp"
 #include "ami/dispatch.hpp"
@@ -70,6 +71,9 @@ class Context {
   const ContextStats& stats() const;
   // Name of the backend that reaches dest ("self", "shm", "verbs"), or "".
   std::string_view backend_for(Endpoint dest);
+  // Both ends of the lane to dest, for diagnostics: for verbs perftest-style
+  // lines with LID, QPN, PSN and GID of each side; otherwise the backend.
+  std::string describe_lane(Endpoint dest);
 
  private:
   friend class Client;

@@ -51,14 +51,17 @@ struct RemoteKey {
 class Memory {
  public:
   Memory() = default;
+  // local_key: the backend's key for local access (the verbs lkey), 0 if none.
   Memory(device::RegionTable* table, std::uint32_t region, RemoteKey key, void* address,
-         std::size_t length)
-      : table_(table), region_(region), key_(key), address_(address), length_(length) {}
+         std::size_t length, std::uint32_t local_key = 0)
+      : table_(table), region_(region), key_(key), address_(address), length_(length),
+        local_key_(local_key) {}
   // Takes the shared mapping [mapping, mapping + mapping_bytes) and its memfd too.
   Memory(device::RegionTable* table, std::uint32_t region, RemoteKey key, void* address,
-         std::size_t length, void* mapping, std::size_t mapping_bytes, int fd)
+         std::size_t length, void* mapping, std::size_t mapping_bytes, int fd,
+         std::uint32_t local_key = 0)
       : table_(table), region_(region), key_(key), address_(address), length_(length),
-        mapping_(mapping), mapping_bytes_(mapping_bytes), fd_(fd) {}
+        local_key_(local_key), mapping_(mapping), mapping_bytes_(mapping_bytes), fd_(fd) {}
   Memory(Memory&& other) noexcept;
   Memory& operator=(Memory&& other) noexcept;
   Memory(const Memory&) = delete;
@@ -70,6 +73,7 @@ class Memory {
   std::size_t length() const { return length_; }
   std::uint32_t region() const { return region_; }
   const RemoteKey& remote_key() const { return key_; }
+  std::uint32_t local_key() const { return local_key_; }
   // True when [offset, offset + bytes) lies inside the registration.
   bool covers(std::uint64_t offset, std::uint64_t bytes) const {
     return offset <= length_ && bytes <= length_ - offset;
@@ -83,6 +87,7 @@ class Memory {
   RemoteKey key_{};
   void* address_ = nullptr;
   std::size_t length_ = 0;
+  std::uint32_t local_key_ = 0;
   void* mapping_ = nullptr;  // allocate_memory() only
   std::size_t mapping_bytes_ = 0;
   int fd_ = -1;

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "ami/memory.hpp"
@@ -42,11 +43,17 @@ class RegionTable {
     return {StatusCode::no_resource, "register_memory: the region table is full (AMI_MAX_REGIONS)"};
   }
 
+  // Setup only: called with the region's number by remove(), after the slot
+  // is retired, so a backend can drop its own registration of it.
+  void on_remove(std::function<void(std::uint32_t region)> hook) { on_remove_ = std::move(hook); }
+
   void remove(std::uint32_t region) {
     if (region >= capacity_) return;
     Slot& s = slots_[region];
     const std::uint32_t gen = s.generation.load(std::memory_order_relaxed);
-    if (gen & 1u) s.generation.store(gen + 1, std::memory_order_release);
+    if (!(gen & 1u)) return;
+    s.generation.store(gen + 1, std::memory_order_release);
+    if (on_remove_) on_remove_(region);
   }
 
   // May [address, address + bytes) of the key's region be accessed? Returns
@@ -78,6 +85,7 @@ class RegionTable {
   const std::uint32_t task_;
   const std::uint32_t capacity_;
   std::unique_ptr<Slot[]> slots_;
+  std::function<void(std::uint32_t)> on_remove_;
 };
 
 }  // namespace ami::device

@@ -1,0 +1,720 @@
+// test_verbs.cpp — the verbs backend on a real RDMA port (soft-RoCE rxe0 in
+// the tests/rxe VM): two tasks in one process, each a VerbsDomain with its
+// VerbsDevices, connected through their published addresses (or rdma_cm),
+// driven from one thread. verbs_main.cpp skips it where no port is active.
+#include <doctest/doctest.h>
+
+#include <infiniband/verbs.h>
+#include <poll.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ami/device/device.hpp"
+#include "ami/device/region_table.hpp"
+#include "ami/error.hpp"
+#include "verbs_backend/verbs_device.hpp"
+#include "verbs_backend/verbs_domain.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using ami::Callback;
+using ami::Endpoint;
+using ami::Status;
+using ami::StatusCode;
+using ami::device::Descriptor;
+using ami::device::DescriptorKind;
+using ami::device::Lane;
+using ami::verbs::VerbsDevice;
+using ami::verbs::VerbsDomain;
+using ami::verbs::VerbsOptions;
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : "";
+}
+
+VerbsOptions base_options() {
+  VerbsOptions o;
+  o.net_devices = env("AMI_NET_DEVICES");
+  o.use_rdma_cm = false;
+  return o;
+}
+
+std::byte pattern(std::size_t i, unsigned seed) {
+  return static_cast<std::byte>((i * 131u + seed * 7u + 1u) & 0xFF);
+}
+
+struct Sink final : ami::device::PacketSink {
+  struct Packet {
+    Endpoint origin;
+    std::vector<std::byte> bytes;
+  };
+  std::vector<Packet> packets;
+  void on_packet(Endpoint origin, std::span<const std::byte> bytes) override {
+    packets.push_back({origin, {bytes.begin(), bytes.end()}});
+  }
+};
+
+// Records every callback: which operation, in which order, with what status.
+struct Recorder {
+  struct Token {
+    Recorder* recorder;
+    int id;
+  };
+  struct Call {
+    int id;
+    Status status;
+  };
+  std::vector<Token> tokens;
+  std::vector<Call> calls;
+  explicit Recorder(int n) {
+    tokens.reserve(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) tokens.push_back({this, i});
+  }
+  Callback callback(int id) {
+    return {+[](void* cookie, Status s) {
+              auto* t = static_cast<Token*>(cookie);
+              t->recorder->calls.push_back({t->id, s});
+            },
+            &tokens[static_cast<std::size_t>(id)]};
+  }
+};
+
+struct Task {
+  Task(std::uint32_t task, std::uint16_t contexts, const VerbsOptions& o)
+      : regions(7, task, 64), domain(task, 2, contexts, o, regions) {}
+  ami::device::RegionTable regions;
+  VerbsDomain domain;
+  std::vector<std::unique_ptr<VerbsDevice>> devices;
+  std::vector<Sink> sinks;
+};
+
+// Two tasks of a job of two, in this process.
+struct Pair {
+  explicit Pair(VerbsOptions o = base_options(), std::uint32_t fifo_depth = 64, std::uint16_t contexts = 1)
+      : contexts(contexts),
+        t{std::make_unique<Task>(0, contexts, o), std::make_unique<Task>(1, contexts, o)} {
+    if (o.use_rdma_cm.value_or(false)) {
+      const auto a0 = t[0]->domain.local_address(), a1 = t[1]->domain.local_address();
+      Status s1;
+      std::thread passive([&] { s1 = t[1]->domain.connect(0, a0); });
+      const Status s0 = t[0]->domain.connect(1, a1);
+      passive.join();
+      REQUIRE_MESSAGE(s0.ok(), ami::to_string(s0));
+      REQUIRE_MESSAGE(s1.ok(), ami::to_string(s1));
+    } else {
+      const Status s0 = t[0]->domain.connect(1, t[1]->domain.local_address());
+      const Status s1 = t[1]->domain.connect(0, t[0]->domain.local_address());
+      REQUIRE_MESSAGE(s0.ok(), ami::to_string(s0));
+      REQUIRE_MESSAGE(s1.ok(), ami::to_string(s1));
+    }
+    for (auto& task : t) {
+      task->sinks.resize(contexts);
+      for (std::uint16_t c = 0; c < contexts; ++c)
+        task->devices.push_back(std::make_unique<VerbsDevice>(task->domain, c, fifo_depth));
+    }
+  }
+
+  VerbsDevice& device(int task, std::uint16_t context = 0) { return *t[task]->devices[context]; }
+  Sink& sink(int task, std::uint16_t context = 0) { return t[task]->sinks[context]; }
+  // The lane from (task, context) to the other task's peer_context.
+  Lane& lane(int task, std::uint16_t context = 0, std::uint16_t peer_context = 0) {
+    Lane* l = device(task, context).lane(Endpoint{static_cast<std::uint32_t>(1 - task), peer_context});
+    REQUIRE(l != nullptr);
+    return *l;
+  }
+
+  // One round of what Context::advance() does, for the given tasks.
+  void advance(bool task0 = true, bool task1 = true) {
+    for (int i = 0; i < 2; ++i) {
+      if ((i == 0 && !task0) || (i == 1 && !task1)) continue;
+      for (std::uint16_t c = 0; c < contexts; ++c) {
+        (void)device(i, c).progress(sink(i, c), 64);
+        for (std::uint16_t d = 0; d < contexts; ++d)
+          if (Lane* l = device(i, c).lane(Endpoint{static_cast<std::uint32_t>(1 - i), d}))
+            l->fifo().complete();
+      }
+    }
+  }
+
+  template <typename Done>
+  bool run_until(Done done, std::chrono::seconds limit = 60s) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    while (!done()) {
+      if (std::chrono::steady_clock::now() > end) return false;
+      advance();
+    }
+    return true;
+  }
+
+  std::uint16_t contexts;
+  std::unique_ptr<Task> t[2];
+};
+
+bool post_packet(Lane& lane, std::span<const std::byte> header, std::span<const std::byte> payload,
+                 Callback cb = {}) {
+  Descriptor* d = lane.fifo().try_reserve();
+  if (d == nullptr) return false;
+  d->kind = DescriptorKind::packet;
+  d->packet.inline_len = static_cast<std::uint16_t>(header.size());
+  if (!header.empty()) std::memcpy(d->packet.inline_data, header.data(), header.size());
+  d->packet.payload = payload.data();
+  d->packet.payload_len = static_cast<std::uint32_t>(payload.size());
+  lane.fifo().commit(cb);
+  return true;
+}
+
+struct Region {
+  Region(VerbsDomain& domain, std::size_t bytes, unsigned seed)
+      : domain(domain), number(next_number++), memory(bytes) {
+    for (std::size_t i = 0; i < bytes; ++i) memory[i] = pattern(i, seed);
+    const Status s = domain.register_region(number, memory.data(), bytes, lkey, rkey);
+    REQUIRE_MESSAGE(s.ok(), ami::to_string(s));
+    key.task = domain.task();
+    key.backend_key = rkey;
+    key.address = reinterpret_cast<std::uintptr_t>(memory.data());
+    key.length = bytes;
+  }
+  ~Region() { domain.deregister_region(number); }
+  static inline std::uint32_t next_number = 0;
+  VerbsDomain& domain;
+  std::uint32_t number;
+  std::vector<std::byte> memory;
+  std::uint32_t lkey = 0, rkey = 0;
+  ami::RemoteKey key;
+};
+
+bool post_rdma(Lane& lane, DescriptorKind kind, Region& local, std::size_t local_offset, const Region& remote,
+               std::size_t remote_offset, std::size_t bytes, Callback cb) {
+  Descriptor* d = lane.fifo().try_reserve();
+  if (d == nullptr) return false;
+  d->kind = kind;
+  d->rdma = ami::device::RdmaDescriptor{.local = local.memory.data() + local_offset,
+                                        .length = bytes,
+                                        .local_key = local.lkey,
+                                        .remote_address = remote.key.address + remote_offset,
+                                        .remote = remote.key};
+  lane.fifo().commit(cb);
+  return true;
+}
+
+void check_in_order_once(const Recorder& r, int n) {
+  REQUIRE(r.calls.size() == static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) CHECK(r.calls[static_cast<std::size_t>(i)].id == i);
+}
+
+}  // namespace
+
+TEST_CASE("the port, the GID and the published address") {
+  VerbsOptions o = base_options();
+  ami::device::RegionTable regions(7, 0, 8);
+  VerbsDomain d(0, 2, 1, o, regions);
+  MESSAGE(d.describe());
+  CHECK(d.describe().find("verbs: ") == 0);
+  if (!env("AMI_RXE_GID_INDEX").empty()) CHECK(d.port().gid_index == std::stoi(env("AMI_RXE_GID_INDEX")));
+  if (d.port().link_layer == IBV_LINK_LAYER_ETHERNET) CHECK(d.port().roce_v2);
+  CHECK(d.port().max_inline > 0);
+
+  const auto mine = d.local_address();
+  ami::verbs::DomainAddress a;
+  REQUIRE(ami::verbs::DomainAddress::decode(mine, a).ok());
+  CHECK(a.task == 0);
+  CHECK(a.tasks == 2);
+  CHECK(a.lanes.size() == 2);
+  CHECK(a.lanes[a.lane_index(0, 1, 0)].qpn == d.qp(0, Endpoint{1, 0})->qp_num);
+
+  SUBCASE("malformed peer bytes are a status, never a crash") {
+    ami::device::RegionTable r1(7, 1, 8);
+    VerbsDomain peer(1, 2, 1, o, r1);
+    auto theirs = peer.local_address();
+    auto bad = theirs;
+    CHECK(d.connect(1, std::span(bad).first(10)) == StatusCode::malformed_packet);
+    bad[0] = std::byte{0};
+    CHECK(d.connect(1, bad) == StatusCode::malformed_packet);
+    bad = theirs;
+    bad.push_back(std::byte{1});
+    CHECK(d.connect(1, bad) == StatusCode::malformed_packet);
+    CHECK(d.connect(1, mine) == StatusCode::invalid_argument);    // task 0's bytes, not task 1's
+    CHECK(d.connect(0, theirs) == StatusCode::invalid_argument);  // connecting to itself
+    CHECK_FALSE(d.connected(1));
+    CHECK(d.connect(1, theirs).ok());
+    CHECK(d.connected(1));
+    CHECK(d.connect(1, theirs) == StatusCode::invalid_argument);  // twice
+  }
+  SUBCASE("queue invariants are checked at setup") {
+    VerbsOptions bad = o;
+    bad.sq_depth = 16;
+    bad.signal_interval = 16;
+    CHECK_THROWS_AS(VerbsDomain(0, 2, 1, bad, regions), ami::Error);
+    CHECK_THROWS_AS(VerbsDevice(d, 0, 256), ami::Error);  // FIFO depth must stay below sq_depth
+    CHECK_THROWS_AS(VerbsDevice(d, 0, 48), ami::Error);   // not a power of two
+    bad = o;
+    bad.net_devices = "no_such_device:1";
+    CHECK_THROWS_AS(VerbsDomain(0, 2, 1, bad, regions), ami::Error);
+    std::string why;
+    CHECK_FALSE(VerbsDomain::available(&why, "no_such_device:1"));
+    CHECK(why.find("no_such_device") != std::string::npos);
+  }
+}
+
+TEST_CASE("active-message packets both ways, byte for byte, across sizes and alignments") {
+  Pair p;
+  const std::size_t max = p.lane(0).max_packet();
+  CHECK(max == base_options().bounce_bytes);
+  std::vector<std::byte> source(max + 64);
+  for (std::size_t i = 0; i < source.size(); ++i) source[i] = pattern(i, 3);
+  const std::size_t headers[] = {0, 1, 16, 57, 320};
+  const std::size_t payloads[] = {0, 1, 7, 64, 100, 255, 1000, 4096, 7000};
+  const std::size_t offsets[] = {0, 1, 3, 8};
+
+  struct Sent {
+    std::size_t header, payload, offset;
+  };
+  std::vector<Sent> sent;
+  for (std::size_t h : headers)
+    for (std::size_t n : payloads)
+      for (std::size_t off : offsets)
+        if (h + n <= max) sent.push_back({h, n, off});
+  sent.push_back({320, max - 320, 5});  // exactly max_packet()
+  sent.push_back({0, max, 0});
+
+  for (int from = 0; from < 2; ++from) {
+    Lane& lane = p.lane(from);
+    Sink& sink = p.sink(1 - from);
+    sink.packets.clear();
+    std::size_t next = 0;
+    REQUIRE(p.run_until([&] {
+      while (next < sent.size()) {
+        const Sent& s = sent[next];
+        std::vector<std::byte> header(s.header);
+        for (std::size_t i = 0; i < s.header; ++i) header[i] = pattern(i, 11 + static_cast<unsigned>(next));
+        if (!post_packet(lane, header, std::span(source).subspan(s.offset, s.payload))) break;
+        ++next;
+      }
+      lane.ring();
+      return sink.packets.size() == sent.size();
+    }));
+    for (std::size_t k = 0; k < sent.size(); ++k) {
+      const Sent& s = sent[k];
+      const auto& got = sink.packets[k];
+      CHECK(got.origin == Endpoint{static_cast<std::uint32_t>(from), 0});
+      REQUIRE(got.bytes.size() == s.header + s.payload);
+      bool same = true;
+      for (std::size_t i = 0; i < s.header; ++i)
+        same = same && got.bytes[i] == pattern(i, 11 + static_cast<unsigned>(k));
+      if (s.payload != 0)
+        same = same && std::memcmp(got.bytes.data() + s.header, source.data() + s.offset, s.payload) == 0;
+      CHECK_MESSAGE(same, "packet ", k, ": header ", s.header, " payload ", s.payload, " offset ", s.offset);
+    }
+  }
+  CHECK(p.device(0).counters().dropped == 0);
+  CHECK(p.device(1).counters().receive_errors == 0);
+}
+
+TEST_CASE("PUT and GET with registered regions") {
+  Pair p;
+  constexpr std::size_t kBytes = 1 << 20;
+  Region a(p.t[0]->domain, kBytes, 1), b(p.t[1]->domain, kBytes, 2);
+  const std::size_t sizes[] = {0, 1, 13, 4096, 65537, kBytes - 64};
+  const std::size_t offsets[] = {0, 1, 7, 64};
+  Lane& lane = p.lane(0);
+  for (std::size_t n : sizes)
+    for (std::size_t off : offsets) {
+      if (off + n > kBytes) continue;
+      CAPTURE(n);
+      CAPTURE(off);
+      // PUT a's bytes at off into b at off / 2; then GET them back into a at off + 1.
+      for (std::size_t i = 0; i < kBytes; ++i) a.memory[i] = pattern(i, static_cast<unsigned>(n + off));
+      Recorder r(2);
+      REQUIRE(post_rdma(lane, DescriptorKind::put, a, off, b, off / 2, n, r.callback(0)));
+      lane.ring();
+      REQUIRE(p.run_until([&] { return r.calls.size() == 1; }));
+      CHECK(r.calls[0].status.ok());
+      CHECK(std::memcmp(b.memory.data() + off / 2, a.memory.data() + off, n) == 0);
+      const std::size_t back = off + 1 + n <= kBytes ? off + 1 : 0;
+      std::vector<std::byte> before(a.memory);
+      REQUIRE(post_rdma(lane, DescriptorKind::get, a, back, b, off / 2, n, r.callback(1)));
+      lane.ring();
+      REQUIRE(p.run_until([&] { return r.calls.size() == 2; }));
+      CHECK(r.calls[1].status.ok());
+      CHECK(std::memcmp(a.memory.data() + back, before.data() + off, n) == 0);
+    }
+}
+
+TEST_CASE("one completion retires a run of unsignalled work requests, callbacks in order") {
+  VerbsOptions o = base_options();
+  o.signal_interval = 16;
+  Pair p(o, 64);
+  Lane& lane = p.lane(0);
+  const std::byte payload[32] = {};
+  auto& c = p.device(0).counters();
+
+  SUBCASE("the signal_interval-th WR's completion") {
+    Recorder r(16);
+    for (int i = 0; i < 16; ++i)
+      REQUIRE(post_packet(lane, std::span(payload, 8), std::span(payload), r.callback(i)));
+    lane.ring();
+    CHECK(c.signalled == 1);
+    REQUIRE(p.run_until([&] { return r.calls.size() == 16; }));
+    check_in_order_once(r, 16);
+    CHECK(c.send_completions == 1);
+    CHECK(c.probes == 0);
+    CHECK(lane.fifo().counter().snapshot() == 16);
+  }
+  SUBCASE("a quiet lane's unsignalled tail: one retire probe") {
+    Recorder r(5);
+    for (int i = 0; i < 5; ++i)
+      REQUIRE(post_packet(lane, std::span(payload, 8), std::span(payload), r.callback(i)));
+    lane.ring();
+    CHECK(c.signalled == 0);
+    REQUIRE(p.run_until([&] { return r.calls.size() == 5; }));
+    check_in_order_once(r, 5);
+    CHECK(c.probes == 1);
+    CHECK(c.send_completions == 1);
+  }
+}
+
+TEST_CASE("a full injection FIFO (and send queue) refuses, then drains") {
+  VerbsOptions o = base_options();
+  o.sq_depth = 33;  // a FIFO of 32 plus the retire probe
+  o.signal_interval = 12;
+  Pair p(o, 32);
+  Lane& lane = p.lane(0);
+  std::vector<std::byte> payload(200, std::byte{7});
+  Recorder r(96);
+  int posted = 0;
+  while (post_packet(lane, std::span(payload).first(8), payload, r.callback(posted))) ++posted;
+  CHECK(posted == 32);
+  CHECK(lane.fifo().try_reserve() == nullptr);
+  lane.ring();
+  CHECK(lane.fifo().try_reserve() == nullptr);
+  // WRs 11 and 23 (every 12th) and 31, the last before the FIFO is full.
+  CHECK(p.device(0).counters().signalled == 3);
+  REQUIRE(p.run_until([&] { return r.calls.size() == 32; }));
+  REQUIRE(lane.fifo().try_reserve() != nullptr);
+  // Twice more through the whole FIFO, refilling as completions free slots.
+  REQUIRE(p.run_until([&] {
+    while (posted < 96 && post_packet(lane, std::span(payload).first(8), payload, r.callback(posted)))
+      ++posted;
+    lane.ring();
+    return r.calls.size() == 96;
+  }));
+  check_in_order_once(r, 96);
+  for (const auto& call : r.calls) CHECK(call.status.ok());
+  REQUIRE(p.run_until([&] { return p.sink(1).packets.size() == 96; }));
+}
+
+TEST_CASE("many operations outstanding: packets and PUTs interleaved, nothing lost or reordered") {
+  VerbsOptions o = base_options();
+  o.staging_bytes = 32 * 1024;  // small: the staging ring fills and holds packets back
+  Pair p(o, 128);
+  constexpr int kOps = 3000;
+  Region a(p.t[0]->domain, 1 << 16, 1), b(p.t[1]->domain, kOps * 8, 2);
+  std::vector<std::byte> payload(3000);
+  Recorder r(kOps);
+  Lane& lane = p.lane(0);
+  int posted = 0;
+  REQUIRE(p.run_until(
+      [&] {
+        while (posted < kOps) {
+          bool ok;
+          if (posted % 3 == 2) {
+            ok = post_rdma(lane, DescriptorKind::put, a, static_cast<std::size_t>(posted) % 4096, b,
+                           static_cast<std::size_t>(posted) * 8, 8, r.callback(posted));
+          } else {
+            const std::size_t n = 1 + static_cast<std::size_t>(posted) * 37 % payload.size();
+            std::memcpy(payload.data(), &posted, sizeof posted);
+            ok = post_packet(lane, std::span(payload).first(sizeof posted), std::span(payload).first(n),
+                             r.callback(posted));
+          }
+          if (!ok) break;
+          ++posted;
+        }
+        lane.ring();
+        return r.calls.size() == static_cast<std::size_t>(kOps);
+      },
+      300s));
+  check_in_order_once(r, kOps);
+  for (const auto& call : r.calls) CHECK(call.status.ok());
+  REQUIRE(p.run_until([&] { return p.sink(1).packets.size() == kOps - kOps / 3; }));
+  int expect = 0;
+  for (const auto& pk : p.sink(1).packets) {
+    if (expect % 3 == 2) ++expect;
+    int got = -1;
+    std::memcpy(&got, pk.bytes.data(), sizeof got);
+    REQUIRE(got == expect);
+    ++expect;
+  }
+  for (int i = 2; i < kOps; i += 3)
+    CHECK(std::memcmp(b.memory.data() + static_cast<std::size_t>(i) * 8, a.memory.data() + i % 4096, 8) == 0);
+  const auto& c = p.device(0).counters();
+  MESSAGE("send completions " << c.send_completions << " for " << kOps << " WRs, probes " << c.probes
+                              << ", staging stalls " << c.staging_stalls);
+  CHECK(c.send_completions < static_cast<std::uint64_t>(kOps) / 4);
+}
+
+TEST_CASE("the SRQ runs dry under a send storm and nothing is lost") {
+  VerbsOptions o = base_options();
+  o.srq_depth = 16;
+  Pair p(o, 64);
+  constexpr int kPackets = 1500;
+  Lane& lane = p.lane(0);
+  std::vector<std::byte> payload(600);
+  int posted = 0;
+  auto storm = [&] {
+    while (posted < kPackets) {
+      std::memcpy(payload.data(), &posted, sizeof posted);
+      if (!post_packet(lane, std::span(payload).first(4), payload)) break;
+      ++posted;
+    }
+    lane.ring();
+  };
+  // The receiver does not poll: its 16 buffers fill, the sender is told
+  // RNR and retries; its transfer counter stops near the SRQ's depth.
+  const auto quiet_until = std::chrono::steady_clock::now() + 3s;
+  while (std::chrono::steady_clock::now() < quiet_until) {
+    storm();
+    p.advance(true, false);
+  }
+  MESSAGE("while the receiver did not poll: " << lane.fifo().counter().snapshot() << " of " << posted
+                                              << " sends completed");
+  CHECK(lane.fifo().counter().snapshot() <= 2 * o.srq_depth);
+  CHECK(posted > static_cast<int>(o.srq_depth));
+  REQUIRE(p.run_until(
+      [&] {
+        storm();
+        return p.sink(1).packets.size() == kPackets;
+      },
+      300s));
+  for (int i = 0; i < kPackets; ++i) {
+    int got = -1;
+    std::memcpy(&got, p.sink(1).packets[static_cast<std::size_t>(i)].bytes.data(), sizeof got);
+    REQUIRE(got == i);
+  }
+  CHECK(p.device(1).counters().receive_errors == 0);
+  CHECK(p.device(1).counters().receives_reposted >= kPackets - o.srq_depth);
+}
+
+TEST_CASE("a QP forced into the error state fails pending operations instead of hanging") {
+  Pair p(base_options(), 64);
+  constexpr std::size_t kBytes = 4 << 20;
+  Region a(p.t[0]->domain, kBytes, 1), b(p.t[1]->domain, kBytes, 2);
+  Lane& lane = p.lane(0);
+  auto* vlane = static_cast<ami::verbs::VerbsLane*>(&lane);
+  Recorder r(64);
+  int posted = 0;
+  for (; posted < 32; ++posted)
+    REQUIRE(post_rdma(lane, DescriptorKind::put, a, 0, b, 0, kBytes / 4, r.callback(posted)));
+  lane.ring();
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_ERR;
+  REQUIRE(ibv_modify_qp(vlane->qp(), &attr, IBV_QP_STATE) == 0);
+  REQUIRE(p.run_until([&] { return r.calls.size() == 32; }, 120s));
+  check_in_order_once(r, 32);
+  std::size_t ok = 0;
+  while (ok < r.calls.size() && r.calls[ok].status.ok()) ++ok;
+  MESSAGE(ok << " of 32 completed before the error; then: " << ami::to_string(r.calls.back().status));
+  REQUIRE(ok < 32);
+  for (std::size_t i = ok; i < 32; ++i) {
+    CHECK(r.calls[i].status == StatusCode::peer_failed);
+    CHECK(std::string(r.calls[i].status.what()).find(ibv_wc_status_str(IBV_WC_WR_FLUSH_ERR)) !=
+          std::string::npos);
+  }
+  CHECK(vlane->broken());
+  // Later operations on the broken lane fail too, from advance().
+  const std::byte payload[8] = {};
+  REQUIRE(post_packet(lane, std::span(payload), {}, r.callback(posted++)));
+  lane.ring();
+  REQUIRE(p.run_until([&] { return r.calls.size() == 33; }));
+  CHECK(r.calls.back().status == StatusCode::peer_failed);
+}
+
+TEST_CASE("a dead peer: transport retries run out and the operation fails") {
+  VerbsOptions o = base_options();
+  o.retry_count = 1;
+  o.timeout = 10;  // about 4 ms
+  Pair p(o, 64);
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_ERR;
+  REQUIRE(ibv_modify_qp(p.t[1]->domain.qp(0, Endpoint{0, 0}), &attr, IBV_QP_STATE) == 0);
+  Recorder r(2);
+  const std::byte payload[64] = {};
+  Lane& lane = p.lane(0);
+  REQUIRE(post_packet(lane, std::span(payload).first(8), std::span(payload), r.callback(0)));
+  REQUIRE(post_packet(lane, std::span(payload).first(8), std::span(payload), r.callback(1)));
+  lane.ring();
+  REQUIRE(p.run_until([&] { return r.calls.size() == 2; }, 120s));
+  check_in_order_once(r, 2);
+  MESSAGE(ami::to_string(r.calls[0].status));
+  CHECK(r.calls[0].status == StatusCode::peer_failed);
+  CHECK(std::string(r.calls[0].status.what()).find(ibv_wc_status_str(IBV_WC_RETRY_EXC_ERR)) !=
+        std::string::npos);
+  CHECK(r.calls[1].status == StatusCode::peer_failed);
+}
+
+TEST_CASE("a descriptor the device refuses fails alone; the lane carries on") {
+  Pair p;
+  Region a(p.t[0]->domain, 4096, 1), b(p.t[1]->domain, 4096, 2);
+  Lane& lane = p.lane(0);
+  Recorder r(4);
+  const std::byte payload[16] = {};
+  REQUIRE(post_packet(lane, std::span(payload), {}, r.callback(0)));
+  REQUIRE(post_rdma(lane, DescriptorKind::put, a, 0, b, 4000, 200, r.callback(1)));  // beyond b's key
+  REQUIRE(post_rdma(lane, DescriptorKind::put, a, 0, b, 100, 200, r.callback(2)));
+  REQUIRE(post_packet(lane, std::span(payload), {}, r.callback(3)));
+  lane.ring();
+  REQUIRE(p.run_until([&] { return r.calls.size() == 4 && p.sink(1).packets.size() == 2; }));
+  check_in_order_once(r, 4);
+  CHECK(r.calls[0].status.ok());
+  CHECK(r.calls[1].status == StatusCode::remote_access);
+  CHECK(r.calls[2].status.ok());
+  CHECK(r.calls[3].status.ok());
+  CHECK(std::memcmp(b.memory.data() + 100, a.memory.data(), 200) == 0);
+  CHECK(p.device(0).counters().refused == 1);
+}
+
+TEST_CASE("several contexts: each lane reaches its own peer context, origins from the QP") {
+  Pair p(base_options(), 16, 2);
+  const std::byte payload[4] = {};
+  for (int from = 0; from < 2; ++from)
+    for (std::uint16_t c = 0; c < 2; ++c)
+      for (std::uint16_t d = 0; d < 2; ++d) {
+        std::byte header[4] = {std::byte(from), std::byte(c), std::byte(d), std::byte{0x5a}};
+        REQUIRE(post_packet(p.lane(from, c, d), header, std::span(payload)));
+        p.lane(from, c, d).ring();
+      }
+  REQUIRE(p.run_until([&] {
+    std::size_t n = 0;
+    for (int t = 0; t < 2; ++t)
+      for (std::uint16_t c = 0; c < 2; ++c) n += p.sink(t, c).packets.size();
+    return n == 8;
+  }));
+  for (int t = 0; t < 2; ++t)
+    for (std::uint16_t d = 0; d < 2; ++d) {
+      REQUIRE(p.sink(t, d).packets.size() == 2);
+      for (const auto& pk : p.sink(t, d).packets) {
+        CHECK(pk.origin.task == static_cast<std::uint32_t>(1 - t));
+        CHECK(pk.bytes[0] == std::byte(1 - t));
+        CHECK(static_cast<std::uint16_t>(pk.bytes[1]) == pk.origin.context);
+        CHECK(static_cast<std::uint16_t>(pk.bytes[2]) == d);
+      }
+    }
+}
+
+TEST_CASE("a blocking wait: the completion channel wakes the receiver") {
+  Pair p;
+  VerbsDevice& receiver = p.device(1);
+  p.advance();
+  REQUIRE(receiver.arm().ok());
+  pollfd pfd{receiver.completion_fd(), POLLIN, 0};
+  CHECK(::poll(&pfd, 1, 0) == 0);  // nothing yet
+  const std::byte payload[8] = {std::byte{42}};
+  REQUIRE(post_packet(p.lane(0), std::span(payload), {}));
+  p.lane(0).ring();
+  REQUIRE(::poll(&pfd, 1, 30000) == 1);
+  receiver.consume_event();
+  REQUIRE(p.run_until([&] { return p.sink(1).packets.size() == 1; }));
+  CHECK(p.sink(1).packets[0].bytes[0] == std::byte{42});
+}
+
+TEST_CASE("rdma_cm: connect, packets both ways, PUT and GET") {
+  VerbsOptions o = base_options();
+  o.use_rdma_cm = true;
+  Pair p(o, 64, 2);
+  CHECK(p.t[0]->domain.method() == ami::verbs::ConnectMethod::rdma_cm);
+  MESSAGE(p.t[0]->domain.describe());
+  Region a(p.t[0]->domain, 131072, 1), b(p.t[1]->domain, 131072, 2);
+  std::vector<std::byte> payload(5000);
+  for (std::size_t i = 0; i < payload.size(); ++i) payload[i] = pattern(i, 9);
+  Recorder r(2);
+  for (int from = 0; from < 2; ++from)
+    for (std::uint16_t c = 0; c < 2; ++c) {
+      REQUIRE(post_packet(p.lane(from, c, 1 - c), std::span(payload).first(16), payload));
+      p.lane(from, c, 1 - c).ring();
+    }
+  REQUIRE(post_rdma(p.lane(0, 1, 1), DescriptorKind::put, a, 3, b, 5, 60000, r.callback(0)));
+  REQUIRE(post_rdma(p.lane(0, 1, 1), DescriptorKind::get, a, 65536, b, 70000, 50000, r.callback(1)));
+  p.lane(0, 1, 1).ring();
+  REQUIRE(p.run_until([&] {
+    std::size_t n = 0;
+    for (int t = 0; t < 2; ++t)
+      for (std::uint16_t c = 0; c < 2; ++c) n += p.sink(t, c).packets.size();
+    return n == 4 && r.calls.size() == 2;
+  }));
+  for (int t = 0; t < 2; ++t)
+    for (std::uint16_t c = 0; c < 2; ++c) {
+      REQUIRE(p.sink(t, c).packets.size() == 1);
+      const auto& pk = p.sink(t, c).packets[0];
+      CHECK(pk.origin == Endpoint{static_cast<std::uint32_t>(1 - t), static_cast<std::uint16_t>(1 - c)});
+      CHECK(std::memcmp(pk.bytes.data() + 16, payload.data(), payload.size()) == 0);
+    }
+  CHECK(r.calls[0].status.ok());
+  CHECK(r.calls[1].status.ok());
+  CHECK(std::memcmp(b.memory.data() + 5, a.memory.data() + 3, 60000) == 0);
+  CHECK(std::memcmp(a.memory.data() + 65536, b.memory.data() + 70000, 50000) == 0);
+}
+
+TEST_CASE("rdma_cm: three tasks connecting in increasing order, requests waiting for their turn") {
+  VerbsOptions o = base_options();
+  o.use_rdma_cm = true;
+  constexpr std::uint32_t kTasks = 3;
+  std::vector<std::unique_ptr<ami::device::RegionTable>> regions;
+  std::vector<std::unique_ptr<VerbsDomain>> domains;
+  std::vector<std::vector<std::byte>> addresses;
+  for (std::uint32_t t = 0; t < kTasks; ++t) {
+    regions.push_back(std::make_unique<ami::device::RegionTable>(7, t, 8));
+    domains.push_back(std::make_unique<VerbsDomain>(t, kTasks, 1, o, *regions.back()));
+    addresses.push_back(domains.back()->local_address());
+  }
+  std::vector<Status> results(kTasks * kTasks);
+  std::vector<std::thread> threads;
+  for (std::uint32_t t = 0; t < kTasks; ++t)
+    threads.emplace_back([&, t] {
+      for (std::uint32_t peer = 0; peer < kTasks; ++peer)
+        if (peer != t) results[t * kTasks + peer] = domains[t]->connect(peer, addresses[peer]);
+    });
+  for (auto& th : threads) th.join();
+  for (std::uint32_t t = 0; t < kTasks; ++t)
+    for (std::uint32_t peer = 0; peer < kTasks; ++peer)
+      if (peer != t)
+        CHECK_MESSAGE(results[t * kTasks + peer].ok(), t, " -> ", peer, ": ",
+                      ami::to_string(results[t * kTasks + peer]));
+
+  std::vector<std::unique_ptr<VerbsDevice>> devices;
+  std::vector<Sink> sinks(kTasks);
+  for (auto& d : domains) devices.push_back(std::make_unique<VerbsDevice>(*d, 0, 16));
+  for (std::uint32_t t = 0; t < kTasks; ++t) {
+    CHECK_FALSE(devices[t]->can_reach(Endpoint{t, 0}));
+    for (std::uint32_t peer = 0; peer < kTasks; ++peer) {
+      if (peer == t) continue;
+      Lane* lane = devices[t]->lane(Endpoint{peer, 0});
+      REQUIRE(lane != nullptr);
+      const std::byte header[2] = {std::byte(t), std::byte(peer)};
+      REQUIRE(post_packet(*lane, header, {}));
+      lane->ring();
+    }
+  }
+  const auto end = std::chrono::steady_clock::now() + 60s;
+  auto arrived = [&] {
+    std::size_t n = 0;
+    for (auto& sk : sinks) n += sk.packets.size();
+    return n;
+  };
+  while (arrived() < kTasks * (kTasks - 1) && std::chrono::steady_clock::now() < end)
+    for (std::uint32_t t = 0; t < kTasks; ++t) (void)devices[t]->progress(sinks[t], 64);
+  for (std::uint32_t t = 0; t < kTasks; ++t) {
+    REQUIRE(sinks[t].packets.size() == kTasks - 1);
+    for (const auto& pk : sinks[t].packets) {
+      CHECK(static_cast<std::uint32_t>(pk.bytes[0]) == pk.origin.task);
+      CHECK(static_cast<std::uint32_t>(pk.bytes[1]) == t);
+    }
+  }
+}

@@ -1,0 +1,173 @@
+// verbs_backend/verbs_connect.cpp — queue pair transitions, the address a
+// task publishes, and connecting lanes from a peer's address (directly, or
+// through rdma_cm).
+#include <rdma/rdma_cma.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "ami/device/descriptor.hpp"
+#include "verbs_backend/verbs_cm.hpp"
+#include "verbs_backend/verbs_domain.hpp"
+#include "verbs_backend/verbs_qp.hpp"
+
+namespace ami::verbs {
+
+int qp_to_init(ibv_qp* qp, std::uint8_t port) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = 0;
+  a.port_num = port;
+  a.qp_access_flags = kQpAccess;
+  return errno_of_rc(
+      ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
+}
+
+int qp_to_rtr(ibv_qp* qp, const PortInfo& port, const VerbsOptions& options, const DomainAddress& peer,
+              const LaneAddress& remote) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = std::min(port.active_mtu, static_cast<ibv_mtu>(peer.mtu));
+  a.dest_qp_num = remote.qpn;
+  a.rq_psn = remote.psn;
+  a.max_dest_rd_atomic = port.responder_rd_atomic;
+  a.min_rnr_timer = options.min_rnr_timer;
+  a.ah_attr.port_num = port.port;
+  if (port.link_layer == IBV_LINK_LAYER_ETHERNET) {
+    a.ah_attr.is_global = 1;
+    std::memcpy(a.ah_attr.grh.dgid.raw, peer.gid.data(), peer.gid.size());
+    a.ah_attr.grh.sgid_index = static_cast<std::uint8_t>(port.gid_index);
+    a.ah_attr.grh.hop_limit = 64;
+  } else {
+    a.ah_attr.dlid = peer.lid;
+  }
+  return errno_of_rc(ibv_modify_qp(qp, &a,
+                                   IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER));
+}
+
+int qp_to_rts(ibv_qp* qp, const VerbsOptions& options, std::uint32_t psn, std::uint8_t rd_atomic) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTS;
+  a.timeout = options.timeout;
+  a.retry_cnt = options.retry_count;
+  a.rnr_retry = options.rnr_retry;
+  a.sq_psn = psn;
+  a.max_rd_atomic = rd_atomic;
+  return errno_of_rc(ibv_modify_qp(qp, &a,
+                                   IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                       IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC));
+}
+
+int qp_to_state_from_cm(ibv_qp* qp, rdma_cm_id* id, ibv_qp_state state, const PortInfo& port,
+                        const VerbsOptions& options) {
+  ibv_qp_attr a{};
+  int mask = 0;
+  a.qp_state = state;
+  if (rdma_init_qp_attr(id, &a, &mask) != 0) return errno_of_rc(-1);
+  // The queue pair keeps the access it was given at INIT.
+  mask &= ~IBV_QP_ACCESS_FLAGS;
+  // READ depths as negotiated, but never beyond what this device takes.
+  if (state == IBV_QPS_RTR) {
+    a.min_rnr_timer = options.min_rnr_timer;
+    a.max_dest_rd_atomic = std::min(a.max_dest_rd_atomic, port.responder_rd_atomic);
+    a.path_mtu = std::min(a.path_mtu, port.active_mtu);  // the route's, within this task's cap
+    mask |= IBV_QP_MIN_RNR_TIMER;
+  } else if (state == IBV_QPS_RTS) {
+    a.timeout = options.timeout;
+    a.max_rd_atomic = std::min(a.max_rd_atomic, port.initiator_rd_atomic);
+    mask |= IBV_QP_TIMEOUT;
+  }
+  return errno_of_rc(ibv_modify_qp(qp, &a, mask));
+}
+
+std::vector<std::byte> VerbsDomain::local_address() const {
+  DomainAddress a;
+  a.method = method_;
+  a.link_layer = port_.link_layer;
+  a.mtu = static_cast<std::uint8_t>(port_.active_mtu);
+  a.rd_atomic = port_.responder_rd_atomic;
+  a.lid = port_.lid;
+  a.contexts = contexts_;
+  a.task = task_;
+  a.tasks = tasks_;
+  a.bounce_bytes = options_.bounce_bytes;
+  std::memcpy(a.gid.data(), port_.gid.raw, a.gid.size());
+  if (method_ == ConnectMethod::rdma_cm) {
+    a.nonce = cm_->nonce();
+    a.ip_family = cm_->ip_family();
+    a.ip = cm_->ip();
+    a.cm_port = cm_->port();
+    return a.encode();
+  }
+  a.lanes.resize(std::size_t{contexts_} * tasks_ * contexts_);
+  for (std::uint16_t c = 0; c < contexts_; ++c)
+    for (std::uint32_t t = 0; t < tasks_; ++t)
+      for (std::uint16_t d = 0; d < contexts_; ++d) {
+        const ContextQueues& q = *queues_[c];
+        const std::size_t i = lane_index({t, d});
+        if (q.qps[i]) a.lanes[a.lane_index(c, t, d)] = {q.qps[i]->qp_num, q.psns[i]};
+      }
+  return a.encode();
+}
+
+// Does the peer's address fit this task's job and port?
+Status VerbsDomain::check_peer(std::uint32_t peer_task, const DomainAddress& a) const {
+  if (peer_task >= tasks_ || peer_task == task_)
+    return {StatusCode::invalid_argument, "verbs: connect names no other task of the job"};
+  if (a.task != peer_task)
+    return {StatusCode::invalid_argument, "verbs: the address belongs to another task"};
+  if (a.tasks != tasks_)
+    return {StatusCode::invalid_argument, "verbs: the peer counts another number of tasks"};
+  if (a.contexts != contexts_)
+    return {StatusCode::invalid_argument, "verbs: the peer has another number of contexts"};
+  if (a.method != method_)
+    return {StatusCode::invalid_argument, "verbs: the peer connects by another method (rdma_cm vs exchange)"};
+  if (a.link_layer != port_.link_layer)
+    return {StatusCode::unreachable, "verbs: the peer's port has another link layer"};
+  if (a.bounce_bytes < device::kPacketInlineBytes)
+    return {StatusCode::invalid_argument, "verbs: the peer's receive buffers are too small"};
+  if (a.link_layer == IBV_LINK_LAYER_INFINIBAND && a.lid == 0)
+    return {StatusCode::invalid_argument, "verbs: the peer's InfiniBand port has no LID"};
+  if (peers_[peer_task].connected)
+    return {StatusCode::invalid_argument, "verbs: the peer is connected already"};
+  return Status::success();
+}
+
+Status VerbsDomain::connect(std::uint32_t peer_task, std::span<const std::byte> peer_address) {
+  DomainAddress a;
+  Status s = DomainAddress::decode(peer_address, a);
+  if (!s.ok()) return s;
+  s = check_peer(peer_task, a);
+  if (!s.ok()) return s;
+  s = method_ == ConnectMethod::rdma_cm ? cm_->connect(peer_task, a) : connect_exchange(peer_task, a);
+  if (s.ok()) mark_connected(peer_task, a);
+  return s;
+}
+
+Status VerbsDomain::connect_exchange(std::uint32_t peer_task, const DomainAddress& a) {
+  const std::uint8_t rd_atomic = std::min(port_.initiator_rd_atomic, std::max<std::uint8_t>(a.rd_atomic, 1));
+  for (std::uint16_t c = 0; c < contexts_; ++c) {
+    for (std::uint16_t d = 0; d < contexts_; ++d) {
+      const std::size_t i = lane_index({peer_task, d});
+      ibv_qp* qp = queues_[c]->qps[i].get();
+      const LaneAddress& remote = a.lanes[a.lane_index(d, task_, c)];
+      if (remote.qpn == 0) return {StatusCode::malformed_packet, "verbs address: no QP for this task's lane"};
+      if (int err = qp_to_rtr(qp, port_, options_, a, remote)) {
+        log_qp(qp, "ibv_modify_qp to RTR", err);
+        return {StatusCode::device_error, "verbs: connect: ibv_modify_qp to RTR failed (see the log)"};
+      }
+      if (int err = qp_to_rts(qp, options_, queues_[c]->psns[i], rd_atomic)) {
+        log_qp(qp, "ibv_modify_qp to RTS", err);
+        return {StatusCode::device_error, "verbs: connect: ibv_modify_qp to RTS failed (see the log)"};
+      }
+    }
+  }
+  return Status::success();
+}
+
+void VerbsDomain::mark_connected(std::uint32_t peer_task, const DomainAddress& a) {
+  peers_[peer_task] = Peer{true, a.bounce_bytes};
+}
+
+}  // namespace ami::verbs

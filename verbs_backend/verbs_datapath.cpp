@@ -1,0 +1,339 @@
+// verbs_backend/verbs_datapath.cpp — the per-message path: descriptors to
+// work requests, completions to the transfer counter, receive completions
+// to the protocol, receive buffers back to the SRQ. See verbs_device.hpp.
+#include <cstring>
+
+#include "verbs_backend/verbs_device.hpp"
+
+namespace ami::verbs {
+
+namespace {
+
+// wr_id of a send WR: flags, lane index, injection number modulo 2^39 (it
+// is recovered from the counter: at most a FIFO's depth lies between them).
+constexpr std::uint64_t kReceiveBit = 1ull << 63;
+constexpr std::uint64_t kProbeBit = 1ull << 62;
+constexpr std::uint64_t kRefusedBit = 1ull << 61;
+constexpr int kLaneShift = 39;
+constexpr std::uint64_t kLaneMask = (1ull << 22) - 1;
+constexpr std::uint64_t kNumberMask = (1ull << kLaneShift) - 1;
+static_assert(kLaneShift + 22 <= 61, "lane and number bits must not reach the flag bits");
+
+constexpr int kPollBatch = 16;
+constexpr std::uint64_t kStagingAlign = 64;
+
+constexpr std::uint64_t send_wr_id(std::uint32_t lane, std::uint64_t n, std::uint64_t flags) {
+  return flags | (std::uint64_t{lane} << kLaneShift) | (n & kNumberMask);
+}
+// The injection number whose low bits are low, in [base, base + 2^39).
+constexpr std::uint64_t unwrap(std::uint64_t low, std::uint64_t base) {
+  return base + ((low - base) & kNumberMask);
+}
+
+bool inside_key(const device::RdmaDescriptor& x) {
+  const RemoteKey& k = x.remote;
+  return x.remote_address >= k.address && x.remote_address - k.address <= k.length &&
+         x.length <= k.length - (x.remote_address - k.address);
+}
+
+void add_sge(ibv_send_wr& wr, const void* address, std::uint32_t length, std::uint32_t lkey) {
+  if (length == 0) return;
+  wr.sg_list[wr.num_sge++] = ibv_sge{reinterpret_cast<std::uintptr_t>(address), length, lkey};
+}
+
+}  // namespace
+
+int post_receives(ContextQueues& q, std::uint32_t bounce_bytes) {
+  const std::size_t k = q.to_repost.size();
+  if (k == 0) return 0;
+  std::byte* base = q.receive_memory.get();
+  for (std::size_t i = 0; i < k; ++i) {
+    const std::uint32_t buffer = q.to_repost[i];
+    q.recv_wr[i].wr_id = kReceiveBit | buffer;
+    q.recv_sge[i].addr = reinterpret_cast<std::uintptr_t>(base + std::size_t{buffer} * bounce_bytes);
+    q.recv_sge[i].length = bounce_bytes;
+  }
+  ibv_recv_wr* last = &q.recv_wr[k - 1];
+  last->next = nullptr;
+  ibv_recv_wr* bad = nullptr;
+  const int rc = ibv_post_srq_recv(q.srq.get(), &q.recv_wr[0], &bad);
+  last->next = k < q.recv_wr.size() ? &q.recv_wr[k] : nullptr;
+  const std::size_t posted =
+      rc == 0 ? k : (bad != nullptr ? static_cast<std::size_t>(bad - &q.recv_wr[0]) : 0);
+  q.to_repost.erase(q.to_repost.begin(), q.to_repost.begin() + static_cast<std::ptrdiff_t>(posted));
+  q.receives_posted += static_cast<std::uint32_t>(posted);
+  return rc == 0 ? 0 : errno_of_rc(rc);
+}
+
+// A ring of registered bytes handed out in FIFO order and freed by
+// completions (staging_tail_); a chunk never wraps.
+std::byte* VerbsLane::stage(std::uint32_t bytes) {
+  const std::uint64_t need = (bytes + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
+  const std::uint64_t pos = staging_head_ % staging_size_;
+  const std::uint64_t skip = pos + need > staging_size_ ? staging_size_ - pos : 0;
+  if (staging_head_ + skip + need - staging_tail_ > staging_size_) return nullptr;
+  staging_head_ += skip;
+  std::byte* p = staging_.get() + staging_head_ % staging_size_;
+  staging_head_ += need;
+  return p;
+}
+
+// Turns descriptor n into wr; false when the staging ring is full (n and
+// those after it wait for completions).
+bool VerbsDevice::prepare(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, ibv_sge* sge) {
+  auto& fifo = lane.fifo();
+  const device::Descriptor& d = fifo.at(n);
+  wr.wr_id = send_wr_id(lane.index_, n, 0);
+  wr.sg_list = sge;
+  wr.num_sge = 0;
+  wr.send_flags = 0;
+  bool signal = false;
+  if (d.kind == device::DescriptorKind::packet) {
+    const device::PacketDescriptor& p = d.packet;
+    const std::uint64_t total = std::uint64_t{p.inline_len} + p.payload_len;
+    if (p.inline_len > device::kPacketInlineBytes || total > lane.max_packet_ ||
+        (p.payload == nullptr && p.payload_len != 0)) {
+      refuse(lane, n, wr,
+             {StatusCode::invalid_argument, "verbs: packet larger than the lane's max_packet()"});
+      return true;
+    }
+    wr.opcode = IBV_WR_SEND;
+    if (total <= domain_.port().max_inline) {
+      wr.send_flags = IBV_SEND_INLINE;  // copied at post time: no key needed
+      add_sge(wr, p.inline_data, p.inline_len, 0);
+      add_sge(wr, p.payload, p.payload_len, 0);
+    } else {
+      std::byte* staged = nullptr;
+      if (p.payload_len != 0) {
+        staged = lane.stage(p.payload_len);
+        if (staged == nullptr) return false;
+        std::memcpy(staged, p.payload, p.payload_len);
+      }
+      add_sge(wr, p.inline_data, p.inline_len, lane.slots_mr_->lkey);
+      add_sge(wr, staged, p.payload_len, lane.staging_mr_->lkey);
+    }
+  } else {
+    const device::RdmaDescriptor& x = d.rdma;
+    if (!inside_key(x)) {
+      refuse(lane, n, wr, {StatusCode::remote_access, "verbs: range lies outside the remote key's region"});
+      return true;
+    }
+    if (x.length > domain_.port().max_msg) {
+      refuse(lane, n, wr, {StatusCode::invalid_argument, "verbs: longer than the port's largest message"});
+      return true;
+    }
+    const bool get = d.kind == device::DescriptorKind::get;
+    wr.opcode = get ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
+    wr.wr.rdma.remote_addr = x.remote_address;
+    wr.wr.rdma.rkey = x.remote.backend_key;
+    add_sge(wr, x.local, static_cast<std::uint32_t>(x.length), x.local_key);
+    signal = get;
+  }
+  lane.staging_end_[n & (fifo_depth_ - 1)] = lane.staging_head_;
+  // Signal every signal_interval-th WR, the one after which the FIFO has no
+  // free slot (its completion is what frees one), and one after which a
+  // quarter of the staging ring waits on unsignalled WRs.
+  ++lane.unsignalled_;
+  signal = signal || lane.unsignalled_ >= domain_.options().signal_interval ||
+           n + 1 - fifo.counter().snapshot() >= fifo_depth_ ||
+           lane.staging_head_ - lane.staging_signalled_ >= lane.staging_size_ / 4;
+  if (signal) mark_signalled(lane, wr, n);
+  return true;
+}
+
+void VerbsDevice::mark_signalled(VerbsLane& lane, ibv_send_wr& wr, std::uint64_t n) {
+  wr.send_flags |= IBV_SEND_SIGNALED;
+  lane.unsignalled_ = 0;
+  lane.staging_signalled_ = lane.staging_head_;
+  lane.retire_target_ = n + 1;
+  ++counters_.signalled;
+}
+
+// Descriptor n is not sent: a signalled zero-length RDMA WRITE (no key is
+// checked for zero bytes) holds its place, and its completion fails it.
+void VerbsDevice::refuse(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, Status why) {
+  const std::uint32_t slot = static_cast<std::uint32_t>(n & (fifo_depth_ - 1));
+  lane.refused_[slot] = why;
+  wr.wr_id = send_wr_id(lane.index_, n, kRefusedBit);
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.num_sge = 0;
+  wr.send_flags = 0;
+  wr.wr.rdma.remote_addr = 0;
+  wr.wr.rdma.rkey = 0;
+  lane.staging_end_[slot] = lane.staging_head_;
+  mark_signalled(lane, wr, n);
+  ++counters_.refused;
+}
+
+void VerbsDevice::post(VerbsLane& lane) {
+  if (lane.broken_) return;
+  const std::uint64_t end = lane.fifo().injected();
+  while (lane.posted_ < end) {
+    std::uint32_t k = 0;
+    while (k < VerbsLane::kPostBatch && lane.posted_ + k < end &&
+           prepare(lane, lane.posted_ + k, lane.wr_[k], &lane.sge_[2 * k]))
+      ++k;
+    const bool stalled = lane.posted_ + k < end && k < VerbsLane::kPostBatch;
+    if (stalled) ++counters_.staging_stalls;
+    if (k == 0) return;
+    ibv_send_wr* last = &lane.wr_[k - 1];
+    last->next = nullptr;
+    ibv_send_wr* bad = nullptr;
+    const int rc = ibv_post_send(lane.qp_, &lane.wr_[0], &bad);
+    last->next = k < VerbsLane::kPostBatch ? &lane.wr_[k] : nullptr;
+    if (rc != 0) {
+      // Callbacks may not run inside the posting call: progress() fails
+      // the lane's operations.
+      lane.posted_ += bad != nullptr ? static_cast<std::uint64_t>(bad - &lane.wr_[0]) : 0;
+      log_qp(lane.qp_, "ibv_post_send", errno_of_rc(rc));
+      lane.broken_ = true;
+      lane.failure_ = {StatusCode::device_error, "verbs: ibv_post_send failed (see the log)"};
+      return;
+    }
+    lane.posted_ += k;
+    if (stalled) return;
+  }
+}
+
+void VerbsDevice::post_probe(VerbsLane& lane) {
+  ibv_send_wr wr{};
+  wr.wr_id = send_wr_id(lane.index_, lane.posted_, kProbeBit);
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
+  if (int rc = ibv_post_send(lane.qp_, &wr, &bad)) {
+    log_qp(lane.qp_, "ibv_post_send (retire probe)", errno_of_rc(rc));
+    lane.broken_ = true;
+    lane.failure_ = {StatusCode::device_error, "verbs: ibv_post_send failed (see the log)"};
+    return;
+  }
+  lane.probe_outstanding_ = true;
+  lane.retire_target_ = lane.posted_;
+  lane.unsignalled_ = 0;
+  lane.staging_signalled_ = lane.staging_head_;
+  ++counters_.probes;
+  ++counters_.signalled;
+}
+
+// The device is done with every descriptor below counter: the transfer
+// counter moves there and the staging bytes of those packets are free.
+void VerbsDevice::retire(VerbsLane& lane, std::uint64_t counter) {
+  auto& tc = lane.fifo().counter();
+  if (counter <= tc.snapshot()) return;  // slot counter - 1 may hold a newer WR's mark
+  lane.staging_tail_ = lane.staging_end_[(counter - 1) & (fifo_depth_ - 1)];
+  tc.advance_to(counter);
+}
+
+void VerbsDevice::break_lane(VerbsLane& lane, std::uint64_t first_failed, Status status, const ibv_wc* wc) {
+  auto& fifo = lane.fifo();
+  lane.broken_ = true;
+  lane.failure_ = status;
+  log("QP 0x%06x (context %u to task %u context %u): %s (vendor error 0x%x); failing its %llu operations "
+      "from "
+      "number %llu on",
+      lane.qp_->qp_num, context_, lane.peer().task, lane.peer().context,
+      wc != nullptr ? ibv_wc_status_str(wc->status) : status.what(), wc != nullptr ? wc->vendor_err : 0u,
+      static_cast<unsigned long long>(fifo.injected() - first_failed),
+      static_cast<unsigned long long>(first_failed));
+  retire(lane, first_failed);  // an RC send queue completes in order: those before it succeeded
+  fifo.complete();
+  fifo.fail_pending(status);
+}
+
+void VerbsDevice::on_send_completion(const ibv_wc& wc) {
+  const std::uint64_t index = (wc.wr_id >> kLaneShift) & kLaneMask;
+  VerbsLane* lane = index < lanes_.size() ? lanes_[index].get() : nullptr;
+  if (lane == nullptr) {
+    log("send completion (wr_id 0x%llx, QP 0x%06x) for no lane", static_cast<unsigned long long>(wc.wr_id),
+        wc.qp_num);
+    return;
+  }
+  ++counters_.send_completions;
+  const std::uint64_t base = lane->fifo().counter().snapshot();
+  const std::uint64_t n = unwrap(wc.wr_id & kNumberMask, base);
+  if (wc.wr_id & kProbeBit) lane->probe_outstanding_ = false;
+  if (lane->broken_) return;  // the flushes that follow the first error
+  if (wc.status != IBV_WC_SUCCESS) return break_lane(*lane, n, completion_status(wc.status), &wc);
+  if (wc.wr_id & kProbeBit) return retire(*lane, n);
+  if (wc.wr_id & kRefusedBit) {
+    retire(*lane, n);
+    lane->fifo().complete();  // the callbacks before it first, in order
+    lane->fifo().fail_one(n, lane->refused_[n & (fifo_depth_ - 1)]);
+  }
+  retire(*lane, n + 1);
+}
+
+void VerbsDevice::on_receive_completion(const ibv_wc& wc, device::PacketSink& sink) {
+  const auto buffer = static_cast<std::uint32_t>(wc.wr_id & 0xFFFFFFFFu);
+  --queues_.receives_posted;
+  if (wc.status != IBV_WC_SUCCESS) {
+    ++counters_.receive_errors;
+    log("receive completion on QP 0x%06x: %s (vendor error 0x%x)", wc.qp_num, ibv_wc_status_str(wc.status),
+        wc.vendor_err);
+  } else if (const ContextQueues::Route* r = queues_.route(wc.qp_num)) {
+    ++counters_.packets_received;
+    const std::byte* bytes =
+        queues_.receive_memory.get() + std::size_t{buffer} * domain_.options().bounce_bytes;
+    sink.on_packet(r->peer, {bytes, wc.byte_len});
+  } else {
+    ++counters_.dropped;
+  }
+  queues_.to_repost.push_back(buffer);  // capacity srq_depth: never allocates
+}
+
+void VerbsDevice::replenish() {
+  const std::size_t n = queues_.to_repost.size();
+  if (int err = post_receives(queues_, domain_.options().bounce_bytes))
+    log("ibv_post_srq_recv: %s", std::strerror(err));
+  counters_.receives_reposted += n - queues_.to_repost.size();
+}
+
+// Per lane after polling: post what the staging ring held back, fail what
+// a broken lane was given, and retire an unsignalled run once the lane is
+// quiet.
+std::size_t VerbsDevice::tend_lanes() {
+  std::size_t work = 0;
+  for (VerbsLane* lane : active_) {
+    auto& fifo = lane->fifo();
+    if (lane->broken_) {
+      if (fifo.counter().snapshot() < fifo.injected()) work += fifo.fail_pending(lane->failure_);
+      continue;
+    }
+    if (lane->posted_ < fifo.injected()) post(*lane);
+    const bool quiet = lane->posted_ == lane->seen_posted_;
+    lane->seen_posted_ = lane->posted_;
+    if (quiet && !lane->probe_outstanding_ && lane->retire_target_ < lane->posted_ &&
+        (fifo.pending_callbacks() != 0 || lane->posted_ < fifo.injected())) {
+      post_probe(*lane);
+      ++work;
+    }
+  }
+  return work;
+}
+
+std::size_t VerbsDevice::progress(device::PacketSink& sink, std::size_t budget) {
+  for (VerbsLane* lane : active_)
+    if (lane->posted_ < lane->fifo().injected()) post(*lane);
+  std::size_t polled = 0;
+  ibv_wc wc[kPollBatch];
+  while (polled < budget) {
+    const int want = static_cast<int>(std::min<std::size_t>(kPollBatch, budget - polled));
+    const int n = ibv_poll_cq(queues_.cq.get(), want, wc);
+    if (n < 0) {
+      log("ibv_poll_cq on context %u: error %d", context_, n);
+      break;
+    }
+    for (int i = 0; i < n; ++i) {
+      if (wc[i].wr_id & kReceiveBit)
+        on_receive_completion(wc[i], sink);
+      else
+        on_send_completion(wc[i]);
+    }
+    polled += static_cast<std::size_t>(n);
+    if (n < want) break;
+  }
+  if (queues_.to_repost.size() >= repost_batch_) replenish();
+  return polled + tend_lanes();
+}
+
+}  // namespace ami::verbs

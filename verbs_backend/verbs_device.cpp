@@ -1,0 +1,103 @@
+// verbs_backend/verbs_device.cpp — setting up a context's device and its
+// lanes: registering the FIFO's descriptors and the staging ring,
+// pre-linking the work requests. The per-message path is verbs_datapath.cpp.
+#include "verbs_backend/verbs_device.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+
+#include "ami/error.hpp"
+
+namespace ami::verbs {
+
+VerbsLane::VerbsLane(VerbsDevice& device, Endpoint peer, std::uint32_t index, ibv_qp* qp,
+                     std::uint32_t fifo_depth, std::size_t max_packet)
+    : Lane(peer, fifo_depth),
+      device_(device),
+      qp_(qp),
+      index_(index),
+      max_packet_(max_packet),
+      staging_size_((std::uint64_t{device.domain_.options().staging_bytes} + 63) / 64 * 64),
+      staging_end_(std::make_unique<std::uint64_t[]>(fifo_depth)),
+      refused_(std::make_unique<Status[]>(fifo_depth)) {
+  ibv_pd* pd = device.domain_.pd();
+  // The descriptors stay put while their slot is in flight, so a packet's
+  // inline bytes are sent straight from the slot.
+  slots_mr_ = register_memory(pd, &fifo().at(0), std::size_t{fifo_depth} * sizeof(device::Descriptor), 0,
+                              "injection FIFO");
+  staging_ = allocate_pages(staging_size_);
+  staging_mr_ = register_memory(pd, staging_.get(), staging_size_, 0, "staging ring");
+  for (std::uint32_t i = 0; i < kPostBatch; ++i) {
+    wr_[i].next = i + 1 < kPostBatch ? &wr_[i + 1] : nullptr;
+    wr_[i].sg_list = &sge_[2 * i];
+  }
+}
+
+void VerbsLane::ring() { device_.post(*this); }
+
+VerbsDevice::VerbsDevice(VerbsDomain& domain, std::uint16_t context, std::uint32_t fifo_depth)
+    : domain_(domain),
+      queues_(domain.queues(context)),
+      context_(context),
+      fifo_depth_(fifo_depth),
+      repost_batch_(std::clamp<std::uint32_t>(domain.options().srq_depth / 4, 1, 64)),
+      lanes_(std::size_t{domain.tasks()} * domain.contexts()) {
+  if (context >= domain.contexts()) throw Error("verbs: context index out of range");
+  if (fifo_depth < 2 || (fifo_depth & (fifo_depth - 1)) != 0)
+    throw Error("verbs: the injection FIFO depth must be a power of two");
+  // Every FIFO slot may be on the send queue at once, plus the retire probe.
+  if (fifo_depth + 1 > domain.options().sq_depth)
+    throw Error("verbs: the injection FIFO depth (" + std::to_string(fifo_depth) +
+                ") must be below sq_depth (" + std::to_string(domain.options().sq_depth) + ")");
+  active_.reserve(lanes_.size());
+}
+
+VerbsDevice::~VerbsDevice() {
+  // The lanes' registrations go with them: stop any WR still reading them.
+  for (VerbsLane* l : active_) {
+    if (l->broken_ || l->fifo().counter().snapshot() >= l->posted_) continue;
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_ERR;
+    if (int rc = ibv_modify_qp(l->qp_, &a, IBV_QP_STATE))
+      log_qp(l->qp_, "ibv_modify_qp to ERR", errno_of_rc(rc));
+  }
+}
+
+bool VerbsDevice::can_reach(Endpoint peer) const {
+  return peer.task < domain_.tasks() && peer.task != domain_.task() && peer.context < domain_.contexts() &&
+         domain_.connected(peer.task);
+}
+
+device::Lane* VerbsDevice::lane(Endpoint peer) {
+  if (!can_reach(peer)) return nullptr;
+  const std::size_t i = domain_.lane_index(peer);
+  if (!lanes_[i]) {
+    try {
+      lanes_[i] =
+          std::make_unique<VerbsLane>(*this, peer, static_cast<std::uint32_t>(i), domain_.qp(context_, peer),
+                                      fifo_depth_, domain_.max_packet(peer.task));
+    } catch (const std::exception& e) {
+      log("no lane from context %u to task %u context %u: %s", context_, peer.task, peer.context, e.what());
+      return nullptr;
+    }
+    active_.push_back(lanes_[i].get());
+  }
+  return lanes_[i].get();
+}
+
+Status VerbsDevice::arm() {
+  if (int rc = ibv_req_notify_cq(queues_.cq.get(), 0)) {
+    log("ibv_req_notify_cq: %s", std::strerror(errno_of_rc(rc)));
+    return {StatusCode::device_error, "verbs: ibv_req_notify_cq failed (see the log)"};
+  }
+  return Status::success();
+}
+
+void VerbsDevice::consume_event() {
+  ibv_cq* cq = nullptr;
+  void* cookie = nullptr;
+  if (ibv_get_cq_event(queues_.channel.get(), &cq, &cookie) == 0) ibv_ack_cq_events(cq, 1);
+}
+
+}  // namespace ami::verbs

@@ -1,0 +1,153 @@
+// verbs_backend/verbs_device.hpp — one context's share of the verbs backend:
+// a Lane per peer context (one RC queue pair), the context's CQ and SRQ.
+//
+// The lane's injection FIFO is the send queue: each committed descriptor
+// becomes one work request, posted by ring(). A packet is a SEND (inline
+// when it fits the device's max_inline; otherwise its header goes from the
+// descriptor itself, the FIFO's slots being registered, and its payload is
+// copied into the lane's registered staging ring), a PUT an RDMA WRITE, a
+// GET an RDMA READ.
+//
+// Completion is selective signalling (DESIGN.md, method 1): only every
+// signal_interval-th WR is signalled, plus the one that leaves the FIFO
+// without a free slot, every GET (its data is what its callback waits for)
+// and one after which a quarter of the staging ring waits on unsignalled
+// WRs. An RC send queue completes in order, so the CQE of WR n (wr_id: lane,
+// injection number) advances the lane's transfer counter to n + 1 and
+// retires every unsignalled WR before it. A run left unsignalled when the lane goes quiet (nothing posted
+// between two progress() calls while callbacks wait) is retired by one
+// signalled zero-length RDMA WRITE, the retire probe; the send queue keeps
+// one slot for it (sq_depth >= FIFO depth + 1).
+//
+// Errors: the first error completion breaks the lane for good: WRs before it
+// completed, so their callbacks run with success; it and everything after
+// it, and everything committed later, fail with its status (peer_failed for
+// retry and flush errors). Descriptors the device must refuse (a range
+// outside the remote key, a packet over max_packet()) become signalled
+// zero-length writes whose completion fails just that descriptor.
+//
+// Receives: the context's SRQ holds srq_depth buffers of bounce_bytes; a
+// receive completion's bytes go to PacketSink::on_packet with the origin
+// found from the QP number, never from the bytes; buffers are re-posted in
+// batches. An empty SRQ makes the sender retry (RNR): nothing is lost.
+//
+// No allocation, system call (beyond ibv_post_send/ibv_poll_cq) or lock per
+// message: WRs and SGEs are pre-linked per lane, receive WRs per context.
+// Not thread-safe: the context's advancing thread drives it.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ami/device/device.hpp"
+#include "verbs_backend/verbs_domain.hpp"
+
+namespace ami::verbs {
+
+class VerbsDevice;
+
+class VerbsLane final : public device::Lane {
+ public:
+  VerbsLane(VerbsDevice& device, Endpoint peer, std::uint32_t index, ibv_qp* qp, std::uint32_t fifo_depth,
+            std::size_t max_packet);
+
+  std::size_t max_packet() const override { return max_packet_; }
+  // Posts every committed descriptor it can (the staging ring may hold some
+  // back until completions free it); never runs callbacks.
+  void ring() override;
+
+  ibv_qp* qp() const { return qp_; }
+  bool broken() const { return broken_; }
+  std::uint64_t posted() const { return posted_; }
+
+ private:
+  friend class VerbsDevice;
+  static constexpr std::uint32_t kPostBatch = 32;
+
+  std::byte* stage(std::uint32_t bytes);
+
+  VerbsDevice& device_;
+  ibv_qp* qp_;
+  std::uint32_t index_;  // peer task * contexts + peer context
+  std::size_t max_packet_;
+  MrOwner slots_mr_;  // the FIFO's descriptors: packet headers are sent from there
+  AlignedBuffer staging_;
+  MrOwner staging_mr_;
+  std::uint64_t staging_size_;
+  std::uint64_t staging_head_ = 0;                // bytes ever handed out
+  std::uint64_t staging_tail_ = 0;                // bytes ever freed (by completions)
+  std::uint64_t staging_signalled_ = 0;           // staging_head_ at the newest signalled WR
+  std::unique_ptr<std::uint64_t[]> staging_end_;  // per FIFO slot: staging_head_ after its WR
+  std::unique_ptr<Status[]> refused_;             // per FIFO slot: why the device refused it
+  std::uint64_t posted_ = 0;                      // descriptors below this are on the send queue
+  std::uint64_t retire_target_ = 0;               // the counter value the newest signalled WR brings
+  std::uint64_t seen_posted_ = 0;                 // posted_ at the previous progress(): equal means quiet
+  std::uint32_t unsignalled_ = 0;                 // WRs since the last signalled one
+  bool probe_outstanding_ = false;
+  bool broken_ = false;
+  Status failure_;
+  std::array<ibv_send_wr, kPostBatch> wr_{};
+  std::array<ibv_sge, 2 * kPostBatch> sge_{};
+};
+
+class VerbsDevice final : public device::Device {
+ public:
+  // fifo_depth: a power of two, at most sq_depth - 1. Throws ami::Error.
+  VerbsDevice(VerbsDomain& domain, std::uint16_t context, std::uint32_t fifo_depth);
+  ~VerbsDevice() override;
+
+  std::string_view name() const override { return "verbs"; }
+  bool can_reach(Endpoint peer) const override;
+  device::Lane* lane(Endpoint peer) override;
+  std::size_t progress(device::PacketSink& sink, std::size_t budget) override;
+
+  // Blocking waits: the completion channel's fd becomes readable after
+  // arm() once a completion arrives; consume_event() then reads it.
+  int completion_fd() const { return queues_.channel->fd; }
+  Status arm();
+  void consume_event();
+
+  struct Counters {
+    std::uint64_t send_completions = 0;  // send CQEs polled (each retires a run)
+    std::uint64_t signalled = 0;         // WRs posted signalled (probes included)
+    std::uint64_t probes = 0;            // retire probes posted
+    std::uint64_t refused = 0;           // descriptors refused before the wire
+    std::uint64_t packets_received = 0;
+    std::uint64_t receive_errors = 0;
+    std::uint64_t dropped = 0;  // receive completions from an unknown QP
+    std::uint64_t receives_reposted = 0;
+    std::uint64_t staging_stalls = 0;  // ring() stopped by a full staging ring
+  };
+  const Counters& counters() const { return counters_; }
+  std::uint32_t receives_posted() const { return queues_.receives_posted; }
+
+ private:
+  friend class VerbsLane;
+  // data path (verbs_datapath.cpp)
+  void post(VerbsLane& lane);
+  bool prepare(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, ibv_sge* sge);
+  void refuse(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, Status why);
+  void mark_signalled(VerbsLane& lane, ibv_send_wr& wr, std::uint64_t n);
+  void post_probe(VerbsLane& lane);
+  void on_send_completion(const ibv_wc& wc);
+  void on_receive_completion(const ibv_wc& wc, device::PacketSink& sink);
+  void retire(VerbsLane& lane, std::uint64_t counter);
+  void break_lane(VerbsLane& lane, std::uint64_t first_failed, Status status, const ibv_wc* wc);
+  std::size_t tend_lanes();
+  void replenish();
+
+  VerbsDomain& domain_;
+  ContextQueues& queues_;
+  std::uint16_t context_;
+  std::uint32_t fifo_depth_;
+  std::uint32_t repost_batch_;
+  std::vector<std::unique_ptr<VerbsLane>> lanes_;  // by peer task * contexts + peer context
+  // Lanes made so far; reserved for all, so a callback that makes a lane
+  // while the list is being walked never moves it.
+  std::vector<VerbsLane*> active_;
+  Counters counters_;
+};
+
+}  // namespace ami::verbs

@@ -1,0 +1,196 @@
+// verbs_backend/verbs_domain.hpp — what the contexts of one task share for
+// InfiniBand/RoCE: the device and port, the protection domain, the memory
+// registrations, and every context's queues; and how queue pairs are
+// connected to the peers' (by exchanging addresses through the bootstrap, or
+// by rdma_cm).
+//
+// Owned by the Client, one per task, built before the contexts and destroyed
+// after them. The queue pairs of all (context, peer task, peer context)
+// triples are made by the constructor, because their numbers are published
+// (local_address()) before any context exists; each context's VerbsDevice
+// then drives its own ContextQueues. Control-path calls (constructor,
+// local_address, connect, register/deregister) are serialised by the Client.
+//
+// With the address exchange, connect() only moves this task's QPs to RTS: a
+// peer's QPs must reach RTR within the transport's retry budget (about
+// retry_count x 4.096 us x 2^timeout) of the first send, so the Client should
+// pass a bootstrap barrier after connecting every peer. With rdma_cm,
+// connect() blocks until the peer's side is up too; call it for the peers in
+// increasing task order on every task. The published address holds 8 bytes
+// per (context, peer task, peer context) with the exchange, 72 with rdma_cm.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ami/callback.hpp"
+#include "ami/device/region_table.hpp"
+#include "ami/status.hpp"
+#include "verbs_backend/verbs_address.hpp"
+#include "verbs_backend/verbs_resources.hpp"
+
+namespace ami::verbs {
+
+struct VerbsOptions {
+  std::string net_devices;        // "rxe0:1" or "mlx5_0:1,mlx5_1" (AMI_NET_DEVICES); "" = first active port
+  int gid_index = -1;             // -1: automatic (RoCE: the RoCE v2 IPv4-mapped GID; IB: LID routing)
+  std::uint32_t sq_depth = 256;   // send WRs per QP: injection FIFO depth + 1 (the retire probe)
+  std::uint32_t srq_depth = 512;  // receive buffers per context
+  std::uint32_t cq_depth = 2048;  // lower bound; raised to what the queues need, up to the device's max_cqe
+  std::uint32_t signal_interval = 16;        // one signalled send WR in this many
+  std::uint32_t bounce_bytes = 8192;         // receive buffer size = largest packet
+  std::optional<std::uint32_t> max_inline;   // unset: the most the device takes (probed at the first QP); 0: never inline
+  ibv_mtu mtu_cap = IBV_MTU_4096;            // path MTU at most this (and the port's active MTU)
+  std::optional<bool> use_rdma_cm;           // unset: rdma_cm on RoCE, address exchange on InfiniBand
+  std::uint32_t staging_bytes = 64 * 1024;   // per lane: registered ring packet payloads are copied into
+  std::uint32_t connect_timeout_ms = 30000;  // rdma_cm: for all lanes to one peer
+  std::uint8_t retry_count = 7;              // transport retries before IBV_WC_RETRY_EXC_ERR
+  std::uint8_t rnr_retry = 7;                // 7: retry forever while the peer's SRQ is empty
+  std::uint8_t timeout = 14;                 // local ACK timeout, 4.096 us * 2^timeout
+  std::uint8_t min_rnr_timer = 12;           // 12: 0.64 ms between RNR retries
+};
+
+// The port in use, as found at setup.
+struct PortInfo {
+  std::string device;
+  std::uint8_t port = 0;
+  std::uint8_t link_layer = IBV_LINK_LAYER_INFINIBAND;
+  ibv_mtu active_mtu = IBV_MTU_1024;
+  std::uint16_t lid = 0;
+  int gid_index = 0;
+  ibv_gid gid{};
+  bool roce_v2 = false;
+  std::uint32_t max_msg = 0;
+  std::uint8_t responder_rd_atomic = 1;  // RDMA READs this task answers at once per QP
+  std::uint8_t initiator_rd_atomic = 1;  // RDMA READs one QP issues at once
+  std::uint32_t max_inline = 0;          // found at the first QP
+  int max_cqe = 0;
+  int max_qp_wr = 0;
+  int max_srq_wr = 0;
+};
+
+// One context's completion queue, shared receive queue and queue pairs.
+struct ContextQueues {
+  struct Route {
+    std::uint32_t qpn;
+    Endpoint peer;
+  };
+
+  CompChannelOwner channel;  // for blocking waits on the CQ
+  CqOwner cq;
+  SrqOwner srq;
+  AlignedBuffer receive_memory;  // srq_depth bounce buffers of bounce_bytes
+  MrOwner receive_mr;
+  std::vector<QpOwner> qps;         // by peer task * contexts + peer context; null for the own task
+  std::vector<std::uint32_t> psns;  // each QP's first send PSN
+  std::vector<Route> routes;        // by qpn: whom a receive completion came from
+  // Receive buffers the protocol is done with, re-posted in batches, and the
+  // pre-linked work requests that post them.
+  std::vector<std::uint32_t> to_repost;
+  std::vector<ibv_recv_wr> recv_wr;
+  std::vector<ibv_sge> recv_sge;
+  std::uint32_t receives_posted = 0;
+
+  const Route* route(std::uint32_t qpn) const;
+};
+
+class CmConnector;
+
+class VerbsDomain {
+ public:
+  // Throws ami::Error naming the failing ibverbs/rdma_cm call and errno's
+  // text, or saying that there is no usable device or port.
+  VerbsDomain(std::uint32_t task, std::uint32_t tasks, std::uint16_t contexts, const VerbsOptions& options,
+              device::RegionTable& regions);
+  ~VerbsDomain();
+  VerbsDomain(const VerbsDomain&) = delete;
+  VerbsDomain& operator=(const VerbsDomain&) = delete;
+
+  // Is there an active port at all (among net_devices when given)? why says
+  // what is missing when there is none.
+  static bool available(std::string* why, const std::string& net_devices = {});
+  // Device, port, link layer, MTU, GID index, inline size, connection method.
+  std::string describe() const;
+
+  // The bytes this task publishes through the bootstrap.
+  std::vector<std::byte> local_address() const;
+  // Brings every lane to peer_task to RTS from the peer's published bytes.
+  // Malformed or mismatched bytes, or a failed transition, are a Status.
+  Status connect(std::uint32_t peer_task, std::span<const std::byte> peer_address);
+
+  // Registers [addr, addr + len) for local and remote access under the
+  // region number of the task's region table; rkey is the RemoteKey's
+  // backend key, lkey goes into local descriptors.
+  Status register_region(std::uint32_t region, void* addr, std::size_t len, std::uint32_t& lkey,
+                         std::uint32_t& rkey);
+  // Drops the registration of that region (none: nothing happens).
+  void deregister_region(std::uint32_t region);
+  // Perftest-style lines naming both ends of the lane from context to peer:
+  // LID, QPN, PSN and GID of each.
+  std::string describe_lane(std::uint16_t context, Endpoint peer) const;
+
+  std::uint32_t task() const { return task_; }
+  std::uint32_t tasks() const { return tasks_; }
+  std::uint16_t contexts() const { return contexts_; }
+  const VerbsOptions& options() const { return options_; }
+  const PortInfo& port() const { return port_; }
+  ConnectMethod method() const { return method_; }
+  device::RegionTable& regions() { return regions_; }
+  ibv_context* device() const { return device_.get(); }
+  ibv_pd* pd() const { return pd_.get(); }
+  bool connected(std::uint32_t peer) const { return peer < peers_.size() && peers_[peer].connected; }
+  // Largest packet both ends of a lane to peer take.
+  std::uint32_t max_packet(std::uint32_t peer) const;
+  ContextQueues& queues(std::uint16_t context) { return *queues_[context]; }
+  // The QP of context that reaches peer (diagnostics and tests), or nullptr.
+  ibv_qp* qp(std::uint16_t context, Endpoint peer) const;
+  std::size_t lane_index(Endpoint peer) const { return std::size_t{peer.task} * contexts_ + peer.context; }
+
+ private:
+  friend class CmConnector;
+  struct Peer {
+    bool connected = false;
+    std::uint32_t bounce_bytes = 0;
+  };
+  struct Region {
+    std::uint32_t region;
+    MrOwner mr;
+  };
+
+  // setup (verbs_setup.cpp)
+  std::unique_ptr<ContextQueues> make_queues(std::uint16_t context);
+  QpOwner make_qp(ContextQueues& q);
+  // connection (verbs_connect.cpp)
+  Status check_peer(std::uint32_t peer_task, const DomainAddress& a) const;
+  Status connect_exchange(std::uint32_t peer_task, const DomainAddress& a);
+  void mark_connected(std::uint32_t peer_task, const DomainAddress& a);
+
+  std::uint32_t task_;
+  std::uint32_t tasks_;
+  std::uint16_t contexts_;
+  VerbsOptions options_;
+  device::RegionTable& regions_;
+  PortInfo port_;
+  ConnectMethod method_ = ConnectMethod::exchange;
+  bool inline_known_ = false;  // port_.max_inline found (by the first QP)
+  // Creation order: destruction runs queues (QP, SRQ, CQ) -> MRs -> PD -> device.
+  DeviceOwner device_;
+  PdOwner pd_;
+  std::vector<Region> region_mrs_;
+  std::vector<std::unique_ptr<ContextQueues>> queues_;
+  std::vector<Peer> peers_;
+  std::unique_ptr<CmConnector> cm_;
+};
+
+// Posts every buffer in q.to_repost to the SRQ in one chain (verbs_datapath.cpp).
+int post_receives(ContextQueues& q, std::uint32_t bounce_bytes);
+
+}  // namespace ami::verbs
