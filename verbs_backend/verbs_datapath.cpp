@@ -127,6 +127,8 @@ bool VerbsDevice::prepare(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, ibv
     wr.wr.rdma.remote_addr = x.remote_address;
     wr.wr.rdma.rkey = x.remote.backend_key;
     add_sge(wr, x.local, static_cast<std::uint32_t>(x.length), x.local_key);
+    // A small WRITE goes inline: the data rides in the WR, the NIC fetches nothing.
+    if (!get && x.length <= domain_.port().max_inline) wr.send_flags = IBV_SEND_INLINE;
     signal = get;
   }
   lane.staging_end_[n & (fifo_depth_ - 1)] = lane.staging_head_;
@@ -176,6 +178,15 @@ void VerbsDevice::post(VerbsLane& lane) {
     const bool stalled = lane.posted_ + k < end && k < VerbsLane::kPostBatch;
     if (stalled) ++counters_.staging_stalls;
     if (k == 0) return;
+    // A lone WR while no signalled one is in flight (ping-pong traffic) asks
+    // for its completion: left unsignalled it would wait for a later WR or a
+    // probe, and soft-RoCE, at least, delays unsignalled WRs' round trips.
+    // Streams keep one completion per signal_interval.
+    if (k == 1 && lane.posted_ + 1 == end && !(lane.wr_[0].send_flags & IBV_SEND_SIGNALED) &&
+        lane.fifo().counter().snapshot() >= lane.retire_target_) {
+      mark_signalled(lane, lane.wr_[0], lane.posted_);
+      ++counters_.lone_signalled;
+    }
     ibv_send_wr* last = &lane.wr_[k - 1];
     last->next = nullptr;
     ibv_send_wr* bad = nullptr;

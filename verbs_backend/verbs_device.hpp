@@ -5,14 +5,15 @@
 // becomes one work request, posted by ring(). A packet is a SEND (inline
 // when it fits the device's max_inline; otherwise its header goes from the
 // descriptor itself, the FIFO's slots being registered, and its payload is
-// copied into the lane's registered staging ring), a PUT an RDMA WRITE, a
-// GET an RDMA READ.
+// copied into the lane's registered staging ring), a PUT an RDMA WRITE
+// (inline too when it fits), a GET an RDMA READ.
 //
 // Completion is selective signalling (DESIGN.md, method 1): only every
 // signal_interval-th WR is signalled, plus the one that leaves the FIFO
 // without a free slot, every GET (its data is what its callback waits for)
-// and one after which a quarter of the staging ring waits on unsignalled
-// WRs. An RC send queue completes in order, so the CQE of WR n (wr_id: lane,
+// one after which a quarter of the staging ring waits on unsignalled WRs,
+// and a WR posted alone while no signalled one is in flight (ping-pong
+// traffic: its completion is what lets the next one be signalled too). An RC send queue completes in order, so the CQE of WR n (wr_id: lane,
 // injection number) advances the lane's transfer counter to n + 1 and
 // retires every unsignalled WR before it. A run left unsignalled when the lane goes quiet (nothing posted
 // between two progress() calls while callbacks wait) is retired by one
@@ -113,6 +114,7 @@ class VerbsDevice final : public device::Device {
     std::uint64_t send_completions = 0;  // send CQEs polled (each retires a run)
     std::uint64_t signalled = 0;         // WRs posted signalled (probes included)
     std::uint64_t probes = 0;            // retire probes posted
+    std::uint64_t lone_signalled = 0;    // lone WRs signalled (ping-pong), included in signalled
     std::uint64_t refused = 0;           // descriptors refused before the wire
     std::uint64_t packets_received = 0;
     std::uint64_t receive_errors = 0;

@@ -133,8 +133,9 @@ class VerbsDomain {
                          std::uint32_t& rkey);
   // Drops the registration of that region (none: nothing happens).
   void deregister_region(std::uint32_t region);
-  // Perftest-style lines naming both ends of the lane from context to peer:
-  // LID, QPN, PSN and GID of each.
+  // perftest's banner for the lane from context to peer, one "name : value"
+  // line per field (device, port, link type, path MTU, GID index, inline
+  // size, connection method), then LID, QPN, PSN and GID of each end.
   std::string describe_lane(std::uint16_t context, Endpoint peer) const;
 
   std::uint32_t task() const { return task_; }

@@ -2,6 +2,7 @@
 // domain, each context's CQ, SRQ, receive buffers and queue pairs; memory
 // registration.
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -238,21 +239,40 @@ std::string VerbsDomain::describe() const {
 
 std::string VerbsDomain::describe_lane(std::uint16_t context, Endpoint peer) const {
   ibv_qp* q = qp(context, peer);
-  if (q == nullptr) return "verbs: no lane to task " + std::to_string(peer.task);
+  if (q == nullptr) return " Lane            : none to task " + std::to_string(peer.task) + "\n";
   ibv_qp_attr a{};
   ibv_qp_init_attr init{};
-  if (ibv_query_qp(q, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_SQ_PSN, &init) != 0)
-    return "verbs: ibv_query_qp failed";
-  char line[160];
+  constexpr int kMask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_SQ_PSN;
+  if (ibv_query_qp(q, &a, kMask, &init) != 0)
+    return " Lane            : ibv_query_qp failed: " + std::string(std::strerror(errno)) + "\n";
+  const bool ethernet = port_.link_layer == IBV_LINK_LAYER_ETHERNET;
+  char line[192];
   std::string out;
+  auto field = [&](const char* name, const std::string& value) {
+    std::snprintf(line, sizeof line, " %-16s: %s\n", name, value.c_str());
+    out += line;
+  };
+  field("Device", port_.device);
+  field("Port", std::to_string(port_.port));
+  field("Transport type", "IB");
+  field("Connection type", "RC");
+  field("Using SRQ", "ON");
+  field("Link type", ethernet ? (port_.roce_v2 ? "Ethernet (RoCE v2)" : "Ethernet (RoCE v1)") : "IB");
+  field("Mtu", std::string(mtu_text(a.path_mtu)) + "[B]");
+  if (ethernet) field("GID index", std::to_string(port_.gid_index));
+  field("Max inline data", std::to_string(init.cap.max_inline_data) + "[B]");
+  field("Send queue", std::to_string(init.cap.max_send_wr) + " WRs, one signalled in " +
+                          std::to_string(options_.signal_interval));
+  field("rdma_cm QPs", method_ == ConnectMethod::rdma_cm ? "ON" : "OFF");
+  field("Data ex. method", method_ == ConnectMethod::rdma_cm ? "rdma_cm" : "Ethernet (ami bootstrap)");
   std::snprintf(line, sizeof line, " local address: LID %#06x QPN %#08x PSN %#08x\n", port_.lid, q->qp_num,
                 a.sq_psn);
   out += line;
-  if (port_.link_layer == IBV_LINK_LAYER_ETHERNET) out += " GID: " + gid_text(port_.gid) + "\n";
+  if (ethernet) out += " GID: " + gid_text(port_.gid) + "\n";
   std::snprintf(line, sizeof line, " remote address: LID %#06x QPN %#08x PSN %#08x\n", a.ah_attr.dlid,
                 a.dest_qp_num, a.rq_psn);
   out += line;
-  if (port_.link_layer == IBV_LINK_LAYER_ETHERNET) out += " GID: " + gid_text(a.ah_attr.grh.dgid) + "\n";
+  if (ethernet) out += " GID: " + gid_text(a.ah_attr.grh.dgid) + "\n";
   return out;
 }
 

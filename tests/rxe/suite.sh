@@ -5,9 +5,12 @@
 #
 # (meson test --suite rxe does exactly that). In order: the smoke check
 # (rxe0 active, perftest pairs complete), the verbs backend's own tests, the
-# backend-agnostic tests on verbs. Every step runs even when
-# an earlier one failed (except a failed smoke check: then rxe0 is unusable);
-# the exit status is 0 only when every step passed, 77 when it cannot run here.
+# backend-agnostic tests on verbs, then every perftest-like tool on verbs
+# with perftest's device options, connected by rdma_cm and by the
+# bootstrap's address exchange, each checked for its result row. Every step
+# runs even when an earlier one failed (except a failed smoke check: then
+# rxe0 is unusable); the exit status is 0 only when every step passed, 77
+# when it cannot run here.
 set -uo pipefail
 
 readonly STEP_TIMEOUT=600
@@ -15,7 +18,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 build=${1:?usage: suite.sh BUILD_DIR}
 build=$(cd "$build" && pwd)
 
-[[ ${AMI_IN_VM:-} == 1 ]] || { echo "SKIPPED: run inside tests/rxe/ami-vm"; exit 77; }
+[[ ${RXE_VM:-} == 1 ]] || { echo "SKIPPED: run inside tests/rxe/ami-vm"; exit 77; }
 
 failed=()
 step() {  # step NAME COMMAND...
@@ -32,9 +35,52 @@ step() {  # step NAME COMMAND...
   return "$rc"
 }
 
+# tool_step NAME SIZE [VAR=VALUE...] -- TOOL_ARGS...: runs tools/NAME
+# --local on rxe0 with the given environment and checks that its table has
+# a row for SIZE.
+tool_step() {
+  local name=$1 size=$2 env=() out rc=0
+  shift 2
+  while [[ $1 != -- ]]; do env+=("$1"); shift; done
+  shift
+  echo "=== ${name} -s $size $* ${env[*]}"
+  out=$(timeout "$STEP_TIMEOUT" env "${env[@]}" "$build/tools/$name" --local -d "${AMI_NET_DEVICES%%:*}" \
+        -s "$size" "$@" 2>&1) || rc=$?
+  echo "$out"
+  if ((rc == 0)) && ! grep -Eq "^ $size +[0-9]+ +[0-9.]+" <<<"$out"; then
+    echo "$name: no result row for $size B"
+    rc=1
+  fi
+  if ((rc == 0)); then
+    echo "=== ok: $name"
+  else
+    echo "=== FAIL: $name: exit $rc"
+    failed+=("$name $*")
+  fi
+}
+
 step smoke "$here/smoke.sh" || { echo "rxe0 is not usable: the verbs tests cannot run"; exit 1; }
 step test_verbs "$build/tests/unit/test_verbs"
 step backends_verbs "$build/tests/unit/test_backends_verbs"
+
+gid=${RXE_GID_INDEX:?RXE_GID_INDEX not set}
+json=$(mktemp)
+tool_step ami_send_lat 2 -- -n 300 -R
+tool_step ami_send_lat 8192 AMI_VERBS_CM=off -- -n 100 -x "$gid" -I 0
+tool_step ami_write_lat 2 AMI_VERBS_CM=off -- -n 300
+tool_step ami_write_lat 65536 -- -n 100 -R -m 1024
+tool_step ami_read_lat 4096 -- -n 200 -R
+tool_step ami_send_bw 65536 -- -n 200 -t 32 -Q 4 --out_json_file="$json"
+if python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); assert r["results"][0]["bytes"] == 65536 and r["setup"]["Device"]' "$json"; then
+  echo "=== ok: JSON report"
+else
+  echo "=== FAIL: ami_send_bw --out_json_file wrote no valid report"
+  failed+=("JSON report")
+fi
+tool_step ami_write_bw 1048576 AMI_VERBS_CM=off -- -n 50 --report_gbits
+tool_step ami_read_bw 65536 -- -n 200 -R -t 16
+rm -f "$json"
+
 if ((${#failed[@]})); then
   echo "rxe suite: ${#failed[@]} step(s) failed: ${failed[*]}"
   exit 1

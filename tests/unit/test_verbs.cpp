@@ -219,7 +219,7 @@ TEST_CASE("the port, the GID and the published address") {
   VerbsDomain d(0, 2, 1, o, regions);
   MESSAGE(d.describe());
   CHECK(d.describe().find("verbs: ") == 0);
-  if (!env("AMI_RXE_GID_INDEX").empty()) CHECK(d.port().gid_index == std::stoi(env("AMI_RXE_GID_INDEX")));
+  if (!env("RXE_GID_INDEX").empty()) CHECK(d.port().gid_index == std::stoi(env("RXE_GID_INDEX")));
   if (d.port().link_layer == IBV_LINK_LAYER_ETHERNET) CHECK(d.port().roce_v2);
   CHECK(d.port().max_inline > 0);
 
@@ -248,6 +248,18 @@ TEST_CASE("the port, the GID and the published address") {
     CHECK(d.connect(1, theirs).ok());
     CHECK(d.connected(1));
     CHECK(d.connect(1, theirs) == StatusCode::invalid_argument);  // twice
+
+    // perftest's banner fields for the lane: both ends' QPNs, as connected.
+    const std::string lane = d.describe_lane(0, Endpoint{1, 0});
+    MESSAGE(lane);
+    char qpn[32];
+    std::snprintf(qpn, sizeof qpn, "QPN %#08x", d.qp(0, Endpoint{1, 0})->qp_num);
+    CHECK(lane.find(std::string(" local address: LID ")) != std::string::npos);
+    CHECK(lane.find(qpn) < lane.find(" remote address:"));
+    std::snprintf(qpn, sizeof qpn, "QPN %#08x", peer.qp(0, Endpoint{0, 0})->qp_num);
+    CHECK(lane.find(qpn) > lane.find(" remote address:"));
+    CHECK(lane.find(" Device          : " + d.port().device + "\n") != std::string::npos);
+    CHECK(lane.find(" Mtu             : ") != std::string::npos);
   }
   SUBCASE("queue invariants are checked at setup") {
     VerbsOptions bad = o;
@@ -379,6 +391,19 @@ TEST_CASE("one completion retires a run of unsignalled work requests, callbacks 
     check_in_order_once(r, 5);
     CHECK(c.probes == 1);
     CHECK(c.send_completions == 1);
+  }
+  SUBCASE("ping-pong: a WR posted alone on an idle lane asks for its own completion") {
+    Recorder r(3);
+    for (int i = 0; i < 3; ++i) {
+      REQUIRE(post_packet(lane, std::span(payload, 8), std::span(payload), r.callback(i)));
+      lane.ring();
+      CHECK(c.lone_signalled == static_cast<std::uint64_t>(i + 1));
+      REQUIRE(p.run_until([&] { return r.calls.size() == static_cast<std::size_t>(i + 1); }));
+    }
+    check_in_order_once(r, 3);
+    CHECK(c.signalled == 3);
+    CHECK(c.probes == 0);
+    CHECK(c.send_completions == 3);
   }
 }
 

@@ -6,12 +6,15 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace ami::tools {
 
-enum class Test { send_lat, send_bw, write_bw, read_bw };
+enum class Test { send_lat, send_bw, write_lat, write_bw, read_lat, read_bw };
+
+inline bool is_latency(Test t) { return t == Test::send_lat || t == Test::write_lat || t == Test::read_lat; }
 
 struct Options {
   Test test = Test::send_lat;
@@ -23,11 +26,25 @@ struct Options {
   std::uint16_t port = 18515;
   bool local = false;          // both sides on this host, from one command
   bool report_gbits = false;
+  std::string out_json;        // "": no JSON report
+
+  // perftest's device options; each maps to an AMI_* configuration entry
+  // (verbs backend only). Unset: the configuration (environment) decides.
+  std::string device;                        // -d      AMI_NET_DEVICES
+  std::optional<unsigned> ib_port;           // -i      AMI_NET_DEVICES (device:port)
+  std::optional<unsigned> gid_index;         // -x      AMI_VERBS_GID_INDEX
+  bool rdma_cm = false;                      // -R      AMI_VERBS_CM=on
+  std::optional<unsigned> mtu;               // -m      AMI_VERBS_MTU
+  bool tx_depth_given = false;               // -t      AMI_VERBS_SQ_DEPTH too
+  std::optional<unsigned> cq_moderation;     // -Q      AMI_VERBS_SIGNAL_INTERVAL
+  std::optional<unsigned> inline_size;       // -I      AMI_VERBS_MAX_INLINE
 };
 
 // Parses perftest-style arguments; returns false (after printing why) on a
 // bad command line. help is set for -h.
 bool parse_options(int argc, char** argv, Test test, Options& out, bool& help);
+
+const char* tool_name(Test t);
 
 int run(int argc, char** argv, Test test);
 

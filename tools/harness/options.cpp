@@ -14,16 +14,6 @@ namespace {
 
 constexpr std::size_t kMaxSize = 8u << 20;
 
-const char* test_name(Test t) {
-  switch (t) {
-    case Test::send_lat: return "ami_send_lat";
-    case Test::send_bw: return "ami_send_bw";
-    case Test::write_bw: return "ami_write_bw";
-    case Test::read_bw: return "ami_read_bw";
-  }
-  return "ami";
-}
-
 void usage(Test t) {
   std::printf(
       "usage: %s [options]            start a server\n"
@@ -32,13 +22,25 @@ void usage(Test t) {
       "  -s, --size=<bytes>       message size (default 2)\n"
       "  -a, --all                every size 2 B..8 MiB (powers of two)\n"
       "  -n, --iters=<n>          iterations (default 1000 latency, 5000 bandwidth)\n"
-      "  -t, --tx-depth=<n>       operations in flight in bandwidth tests (default 128)\n"
+      "  -t, --tx-depth=<n>       operations in flight in bandwidth tests (default 128);\n"
+      "                           verbs: also the send queue depth (AMI_VERBS_SQ_DEPTH)\n"
       "  -p, --port=<port>        bootstrap port (default 18515)\n"
-      "      --backend=<name>     shm (default) | self | verbs\n"
+      "      --backend=<name>     shm (default) | self | verbs; a device option implies verbs\n"
       "      --local              start the server as a child process (self: a thread)\n"
       "      --report_gbits       bandwidth in Gb/s instead of MiB/s\n"
-      "  -h, --help               this text\n",
-      test_name(t), test_name(t), test_name(t));
+      "      --out_json           also write the results as JSON (default file ami_out.json)\n"
+      "      --out_json_file=<f>  the JSON file\n"
+      "  -h, --help               this text\n\n"
+      "device options, as perftest's (verbs backend):\n"
+      "  -d, --ib-dev=<dev>       RDMA device (AMI_NET_DEVICES; default: first active port)\n"
+      "  -i, --ib-port=<port>     its port (default 1)\n"
+      "  -x, --gid-index=<n>      GID index (AMI_VERBS_GID_INDEX; default: RoCE v2 IPv4 GID)\n"
+      "  -R, --rdma_cm            connect with rdma_cm (AMI_VERBS_CM=on)\n"
+      "  -m, --mtu=<bytes>        path MTU cap, 256..4096 (AMI_VERBS_MTU)\n"
+      "  -Q, --cq-mod=<n>         one signalled work request in n (AMI_VERBS_SIGNAL_INTERVAL)\n"
+      "  -I, --inline_size=<n>    largest inline send, 0 never (AMI_VERBS_MAX_INLINE)\n"
+      "\nEvery AMI_* variable of ami_info --config applies too; options override them.\n",
+      tool_name(t), tool_name(t), tool_name(t));
 }
 
 bool number(const char* text, std::size_t& out, std::size_t min, std::size_t max, const char* what) {
@@ -53,22 +55,43 @@ bool number(const char* text, std::size_t& out, std::size_t min, std::size_t max
   return true;
 }
 
+bool is_verbs_option(int c) { return std::strchr("dixRmQI", c) != nullptr; }
+
 }  // namespace
 
+const char* tool_name(Test t) {
+  switch (t) {
+    case Test::send_lat: return "ami_send_lat";
+    case Test::send_bw: return "ami_send_bw";
+    case Test::write_lat: return "ami_write_lat";
+    case Test::write_bw: return "ami_write_bw";
+    case Test::read_lat: return "ami_read_lat";
+    case Test::read_bw: return "ami_read_bw";
+  }
+  return "ami";
+}
+
 bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
-  enum { kBackend = 1000, kLocal, kGbits };
+  enum { kBackend = 1000, kLocal, kGbits, kJson, kJsonFile };
   static const option kLong[] = {
       {"size", required_argument, nullptr, 's'},   {"all", no_argument, nullptr, 'a'},
       {"iters", required_argument, nullptr, 'n'},  {"tx-depth", required_argument, nullptr, 't'},
       {"port", required_argument, nullptr, 'p'},   {"backend", required_argument, nullptr, kBackend},
       {"local", no_argument, nullptr, kLocal},     {"report_gbits", no_argument, nullptr, kGbits},
+      {"out_json", no_argument, nullptr, kJson},   {"out_json_file", required_argument, nullptr, kJsonFile},
+      {"ib-dev", required_argument, nullptr, 'd'}, {"ib-port", required_argument, nullptr, 'i'},
+      {"gid-index", required_argument, nullptr, 'x'}, {"rdma_cm", no_argument, nullptr, 'R'},
+      {"mtu", required_argument, nullptr, 'm'},    {"cq-mod", required_argument, nullptr, 'Q'},
+      {"inline_size", required_argument, nullptr, 'I'},
       {"help", no_argument, nullptr, 'h'},         {nullptr, 0, nullptr, 0}};
   o = Options{};
   o.test = test;
   help = false;
   optind = 1;
   std::size_t v = 0;
-  for (int c; (c = getopt_long(argc, argv, "s:an:t:p:h", kLong, nullptr)) != -1;) {
+  bool backend_given = false, json = false, verbs_option = false;
+  for (int c; (c = getopt_long(argc, argv, "s:an:t:p:hd:i:x:Rm:Q:I:", kLong, nullptr)) != -1;) {
+    if (is_verbs_option(c)) verbs_option = true;
     switch (c) {
       case 's':
         if (!number(optarg, v, 1, kMaxSize, "--size")) return false;
@@ -83,6 +106,47 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
         break;
       case 't':
         if (!number(optarg, o.tx_depth, 1, 65536, "--tx-depth")) return false;
+        o.tx_depth_given = true;
+        break;
+      case 'd':
+        o.device = optarg;
+        if (o.device.empty() || o.device.find_first_of(":, ") != std::string::npos) {
+          std::fprintf(stderr, "error: --ib-dev must be a device name such as rxe0, not '%s'\n", optarg);
+          return false;
+        }
+        break;
+      case 'i':
+        if (!number(optarg, v, 1, 255, "--ib-port")) return false;
+        o.ib_port = static_cast<unsigned>(v);
+        break;
+      case 'x':
+        if (!number(optarg, v, 0, 65535, "--gid-index")) return false;
+        o.gid_index = static_cast<unsigned>(v);
+        break;
+      case 'R': o.rdma_cm = true; break;
+      case 'm':
+        if (!number(optarg, v, 256, 4096, "--mtu") || (v & (v - 1)) != 0) {
+          std::fprintf(stderr, "error: --mtu must be 256, 512, 1024, 2048 or 4096\n");
+          return false;
+        }
+        o.mtu = static_cast<unsigned>(v);
+        break;
+      case 'Q':
+        if (!number(optarg, v, 1, 65536, "--cq-mod")) return false;
+        o.cq_moderation = static_cast<unsigned>(v);
+        break;
+      case 'I':
+        if (!number(optarg, v, 0, 65536, "--inline_size")) return false;
+        o.inline_size = static_cast<unsigned>(v);
+        break;
+      case kJson: json = true; break;
+      case kJsonFile:
+        json = true;
+        o.out_json = optarg;
+        if (o.out_json.empty()) {
+          std::fprintf(stderr, "error: --out_json_file needs a file name\n");
+          return false;
+        }
         break;
       case 'p':
         if (!number(optarg, v, 1, 65535, "--port")) return false;
@@ -90,6 +154,7 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
         break;
       case kBackend:
         o.backend = optarg;
+        backend_given = true;
         if (o.backend != "shm" && o.backend != "self" && o.backend != "verbs") {
           std::fprintf(stderr, "error: --backend must be shm, self or verbs, not '%s'\n", optarg);
           return false;
@@ -115,8 +180,21 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
     std::fprintf(stderr, "error: --local starts both sides; give no server name with it\n");
     return false;
   }
+  if (verbs_option) {
+    if (backend_given && o.backend != "verbs") {
+      std::fprintf(stderr, "error: the device options (-d -i -x -R -m -Q -I) need --backend verbs, not %s\n",
+                   o.backend.c_str());
+      return false;
+    }
+    o.backend = "verbs";
+  }
+  if (o.ib_port && o.device.empty()) {
+    std::fprintf(stderr, "error: --ib-port needs --ib-dev: the port of which device?\n");
+    return false;
+  }
+  if (json && o.out_json.empty()) o.out_json = "ami_out.json";
   if (o.backend == "self") o.local = true;  // a same-process peer is always local
-  if (o.iterations == 0) o.iterations = test == Test::send_lat ? 1000 : 5000;
+  if (o.iterations == 0) o.iterations = is_latency(test) ? 1000 : 5000;
   return true;
 }
 

@@ -2,9 +2,12 @@
 #include "report.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
+#include <string_view>
 
 namespace ami::tools {
 
@@ -14,7 +17,9 @@ const char* title(Test t) {
   switch (t) {
     case Test::send_lat: return "Send Latency Test";
     case Test::send_bw: return "Send BW Test";
+    case Test::write_lat: return "RDMA_Write Latency Test";
     case Test::write_bw: return "RDMA_Write BW Test";
+    case Test::read_lat: return "RDMA_Read Latency Test";
     case Test::read_bw: return "RDMA_Read BW Test";
   }
   return "";
@@ -34,14 +39,8 @@ void print_banner(const Options& o, const std::string& backend_lines) {
   std::printf("%s", kRule);
   std::printf("                    %s\n", title(o.test));
   std::printf(" Backend         : %s\n", o.backend.c_str());
-  std::size_t start = 0;
-  while (start < backend_lines.size()) {
-    const std::size_t end = backend_lines.find('\n', start);
-    std::printf("   %s\n", backend_lines.substr(start, end - start).c_str());
-    if (end == std::string::npos) break;
-    start = end + 1;
-  }
-  if (o.test != Test::send_lat) std::printf(" TX depth        : %zu\n", o.tx_depth);
+  std::printf("%s", backend_lines.c_str());
+  if (!is_latency(o.test)) std::printf(" TX depth        : %zu\n", o.tx_depth);
   std::printf(" Iterations      : %zu\n", o.iterations);
   std::printf("%s", kRule);
 }
@@ -51,7 +50,7 @@ void print_latency_header() {
               "t_stdev[usec]   99%% percentile[usec]   99.9%% percentile[usec] \n");
 }
 
-void print_latency_row(std::size_t bytes, std::vector<double> s) {
+Row print_latency_row(std::size_t bytes, std::vector<double> s) {
   std::sort(s.begin(), s.end());
   const double avg = std::accumulate(s.begin(), s.end(), 0.0) / static_cast<double>(s.size());
   double var = 0;
@@ -62,6 +61,15 @@ void print_latency_row(std::size_t bytes, std::vector<double> s) {
               bytes, s.size(), s.front(), s.back(), percentile(s, 0.5), avg, stdev,
               percentile(s, 0.99), percentile(s, 0.999));
   std::fflush(stdout);
+  return {bytes,
+          s.size(),
+          {{"t_min", s.front()},
+           {"t_max", s.back()},
+           {"t_typical", percentile(s, 0.5)},
+           {"t_avg", avg},
+           {"t_stdev", stdev},
+           {"t_99", percentile(s, 0.99)},
+           {"t_99.9", percentile(s, 0.999)}}};
 }
 
 void print_bandwidth_header(bool gbits) {
@@ -69,19 +77,89 @@ void print_bandwidth_header(bool gbits) {
   std::printf(" #bytes     #iterations    BW peak[%s]    BW average[%s]   MsgRate[Mpps]\n", unit, unit);
 }
 
-void print_bandwidth_row(std::size_t bytes, std::size_t iterations, double seconds, double peak_seconds,
-                         std::size_t block_ops, bool gbits) {
+Row print_bandwidth_row(std::size_t bytes, std::size_t iterations, double seconds, double peak_seconds,
+                        std::size_t block_ops, bool gbits) {
   auto rate = [&](std::size_t ops, double secs) {
     const double b = static_cast<double>(bytes) * static_cast<double>(ops) / secs;
     return gbits ? b * 8 / 1e9 : b / (1024.0 * 1024.0);
   };
   const double avg = rate(iterations, seconds);
   const double peak = std::max(avg, rate(block_ops, peak_seconds));
-  std::printf(" %-10zu %-10zu     %-10.2f         %-10.2f            %-.6f\n", bytes, iterations, peak, avg,
-              static_cast<double>(iterations) / seconds / 1e6);
+  const double mpps = static_cast<double>(iterations) / seconds / 1e6;
+  std::printf(" %-10zu %-10zu     %-10.2f         %-10.2f            %-.6f\n", bytes, iterations, peak, avg, mpps);
   std::fflush(stdout);
+  return {bytes, iterations, {{"bw_peak", peak}, {"bw_average", avg}, {"msg_rate_mpps", mpps}}};
 }
 
 void print_footer() { std::printf("%s", kRule); }
+
+namespace {
+
+std::string json_string(std::string_view text) {
+  std::string out = "\"";
+  for (char ch : text) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      char esc[8];
+      std::snprintf(esc, sizeof esc, "\\u%04x", static_cast<unsigned>(ch));
+      out += esc;
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
+  while (!s.empty() && s.back() == ' ') s.remove_suffix(1);
+  return s;
+}
+
+}  // namespace
+
+bool write_json(const Options& o, const std::string& backend_lines, const std::vector<Row>& rows) {
+  std::string out = "{\n  \"test\": " + json_string(title(o.test)) + ",\n  \"tool\": " +
+                    json_string(tool_name(o.test)) + ",\n  \"backend\": " + json_string(o.backend) + ",\n";
+  // The banner's "name : value" lines become an object.
+  out += "  \"setup\": {";
+  const char* sep = "";
+  std::string_view lines = backend_lines;
+  while (!lines.empty()) {
+    const std::size_t end = lines.find('\n');
+    const std::string_view line = lines.substr(0, end);
+    lines = end == std::string_view::npos ? std::string_view{} : lines.substr(end + 1);
+    const std::size_t colon = line.find(" : ");
+    if (colon == std::string_view::npos) continue;
+    out += sep;
+    out += "\n    " + json_string(trim(line.substr(0, colon))) + ": " + json_string(trim(line.substr(colon + 3)));
+    sep = ",";
+  }
+  out += "\n  },\n";
+  if (is_latency(o.test)) out += "  \"t_unit\": \"usec\",\n";
+  else out += std::string("  \"bw_unit\": ") + (o.report_gbits ? "\"Gb/sec\"" : "\"MiB/sec\"") + ",\n";
+  out += "  \"results\": [";
+  sep = "";
+  for (const Row& r : rows) {
+    char field[96];
+    std::snprintf(field, sizeof field, "%s\n    {\"bytes\": %zu, \"iterations\": %zu", sep, r.bytes, r.iterations);
+    out += field;
+    for (const auto& [name, value] : r.values) {
+      std::snprintf(field, sizeof field, ", \"%s\": %.6g", name, value);
+      out += field;
+    }
+    out += "}";
+    sep = ",";
+  }
+  out += "\n  ]\n}\n";
+  std::FILE* f = std::fopen(o.out_json.c_str(), "w");
+  bool ok = f != nullptr && std::fwrite(out.data(), 1, out.size(), f) == out.size();
+  if (f != nullptr && std::fclose(f) != 0) ok = false;
+  if (!ok) std::fprintf(stderr, "error: cannot write the JSON report to %s: %s\n", o.out_json.c_str(),
+                        std::strerror(errno));
+  return ok;
+}
 
 }  // namespace ami::tools

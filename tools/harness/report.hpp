@@ -3,20 +3,33 @@
 
 #include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "harness.hpp"
 
 namespace ami::tools {
 
+// One row of a result table, kept for the JSON report.
+struct Row {
+  std::size_t bytes = 0;
+  std::size_t iterations = 0;
+  std::vector<std::pair<const char*, double>> values;  // column name, value
+};
+
+// backend_lines: "name : value" lines describing the backend and the lane.
 void print_banner(const Options& o, const std::string& backend_lines);
 void print_latency_header();
-// samples: one-way latencies in microseconds (half round trips).
-void print_latency_row(std::size_t bytes, std::vector<double> samples);
+// samples in microseconds: half round trips (send, write) or whole
+// operations (read), as perftest reports them.
+Row print_latency_row(std::size_t bytes, std::vector<double> samples);
 void print_bandwidth_header(bool gbits);
 // seconds: the whole run; peak_seconds: the fastest block of block_ops operations.
-void print_bandwidth_row(std::size_t bytes, std::size_t iterations, double seconds,
-                         double peak_seconds, std::size_t block_ops, bool gbits);
+Row print_bandwidth_row(std::size_t bytes, std::size_t iterations, double seconds,
+                        double peak_seconds, std::size_t block_ops, bool gbits);
 void print_footer();
+// Writes the banner facts and the rows as JSON to o.out_json; false (after
+// printing why) when the file cannot be written.
+bool write_json(const Options& o, const std::string& backend_lines, const std::vector<Row>& rows);
 
 }  // namespace ami::tools

@@ -1,7 +1,7 @@
 // tools/harness/session.cpp — the two sides of a measurement and how they
-// are started. The server is passive: it echoes (latency), absorbs
-// (bandwidth), hands out a registered buffer's key (PUT/GET) and answers
-// syncs; the client drives and prints.
+// are started. The server is passive: it echoes (send and write latency),
+// absorbs (bandwidth), hands out a registered buffer's key (PUT/GET) and
+// answers syncs; the client drives and prints.
 #include <sched.h>
 #if defined(__x86_64__)
 #include <x86intrin.h>
@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -28,7 +29,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr std::uint16_t kData = 1, kControl = 2;
-enum Op : std::uint32_t { kPrepare = 1, kKey = 2, kSync = 3, kSyncAck = 4, kQuit = 5 };
+// kPrepare: send me your buffer's key (kKey); kPeerKey: here is mine (write
+// latency: the server writes back into it); kSync(size): get ready for
+// size, answered by kSyncAck once the server is.
+enum Op : std::uint32_t { kPrepare = 1, kKey = 2, kSync = 3, kSyncAck = 4, kQuit = 5, kPeerKey = 6 };
 struct Control {
   std::uint32_t op = 0;
   std::uint32_t reserved = 0;
@@ -58,6 +62,21 @@ double microseconds_per_cycle() {
 }
 
 std::size_t max_size(const Options& o) { return *std::max_element(o.sizes.begin(), o.sizes.end()); }
+
+// Write latency as perftest measures it: each side RDMA-writes the other's
+// buffer and polls the last byte of its own for the round's tag (1..255,
+// never 0, so a zeroed buffer holds no tag). The registration is two
+// halves: [0, max) is written by the peer, [max, 2 max) is the source.
+std::uint8_t tag(std::size_t round) { return static_cast<std::uint8_t>(round % 255 + 1); }
+
+std::uint8_t last_byte(const Memory& m, std::size_t size) {
+  auto* p = static_cast<std::uint8_t*>(m.address()) + size - 1;
+  return std::atomic_ref<std::uint8_t>(*p).load(std::memory_order_acquire);
+}
+
+void set_source_tag(const Memory& m, std::size_t max, std::size_t size, std::uint8_t t) {
+  static_cast<std::uint8_t*>(m.address())[max + size - 1] = t;
+}
 
 // Posts a control message, advancing while the FIFO is full.
 void control(Context& c, Endpoint to, Control m, std::span<const std::byte> payload = {}) {
@@ -93,7 +112,10 @@ class Server {
     check(c_.set_dispatch(kControl, {&Server::on_control, this}));
   }
   void serve() {
-    while (!quit_) (void)c_.advance();
+    while (!quit_) {
+      (void)c_.advance();
+      if (writing_ && last_byte(memory_, size_) == expect_) write_back();
+    }
   }
 
  private:
@@ -101,6 +123,18 @@ class Server {
     if (!s.ok()) throw Error("server: " + to_string(s));
   }
   void echo(std::size_t len) { check(send_data(c_, peer_, buffer_.data(), len)); }
+  void write_back() {
+    const std::size_t max = max_size(o_);
+    set_source_tag(memory_, max, size_, expect_);
+    for (;;) {
+      Status s =
+          c_.put({.dest = peer_, .local = &memory_, .local_offset = max, .remote = peer_key_, .bytes = size_});
+      if (s.ok()) break;
+      if (s != StatusCode::no_resource) check(s);
+      (void)c_.advance();
+    }
+    expect_ = static_cast<std::uint8_t>(expect_ % 255 + 1);
+  }
   static void on_echo_ready(void* self, Status) {
     auto* s = static_cast<Server*>(self);
     s->echo(s->pending_);
@@ -122,12 +156,25 @@ class Server {
     switch (m.op) {
       case kPrepare: {
         // Memory ami allocates: peers on this host map it and copy directly.
-        if (!s->memory_.valid()) check(s->client_.allocate_memory(max_size(s->o_), s->memory_));
+        if (!s->memory_.valid()) check(s->client_.allocate_memory(2 * max_size(s->o_), s->memory_));
         const auto key = s->memory_.remote_key().to_bytes();
         control(s->c_, s->peer_, {kKey, 0, 0}, key);
         break;
       }
-      case kSync: control(s->c_, s->peer_, {kSyncAck, 0, m.arg}); break;
+      case kPeerKey:
+        check(RemoteKey::from_bytes(in.payload, s->peer_key_));
+        break;
+      case kSync:
+        if (s->o_.test == Test::write_lat) {
+          if (!s->memory_.valid() || m.arg == 0 || m.arg > max_size(s->o_))
+            check({StatusCode::invalid_argument, "write latency: a sync for a size the buffer does not hold"});
+          s->size_ = m.arg;
+          std::memset(s->memory_.address(), 0, s->size_);
+          s->expect_ = tag(0);
+          s->writing_ = true;
+        }
+        control(s->c_, s->peer_, {kSyncAck, 0, m.arg});
+        break;
       case kQuit: s->quit_ = true; break;
       default: break;
     }
@@ -139,7 +186,11 @@ class Server {
   const Options& o_;
   std::vector<std::byte> buffer_;
   Memory memory_;
+  RemoteKey peer_key_{};
   std::size_t pending_ = 0;
+  std::size_t size_ = 0;       // write latency: the size being measured
+  std::uint8_t expect_ = 0;    // write latency: the tag the client writes next
+  bool writing_ = false;
   bool quit_ = false;
 };
 
@@ -153,17 +204,18 @@ class Driver {
   }
 
   void run() {
-    print_banner(o_, client_.describe_backends());
-    if (o_.test == Test::send_lat) print_latency_header();
+    const std::string setup = banner_lines();
+    print_banner(o_, setup);
+    if (is_latency(o_.test)) print_latency_header();
     else print_bandwidth_header(o_.report_gbits);
-    if (o_.test == Test::write_bw || o_.test == Test::read_bw) prepare_rdma();
-    for (std::size_t size : o_.sizes) {
-      if (o_.test == Test::send_lat) latency(size);
-      else bandwidth(size);
-    }
+    if (o_.test != Test::send_lat && o_.test != Test::send_bw) prepare_rdma();
+    std::vector<Row> rows;
+    for (std::size_t size : o_.sizes) rows.push_back(measure(size));
     print_footer();
     control(c_, peer_, {kQuit, 0, 0});
     for (int i = 0; i < 1000; ++i) (void)c_.advance();  // let the quit leave
+    if (!o_.out_json.empty() && !write_json(o_, setup, rows))
+      throw Error("client: the JSON report is not written");
   }
 
  private:
@@ -174,36 +226,106 @@ class Driver {
     while (!flag) (void)c_.advance();
   }
 
+  // perftest's banner fields: the lane's for verbs, else the backend's line.
+  std::string banner_lines() {
+    if (o_.backend == "verbs") return c_.describe_lane(peer_);
+    const std::string all = client_.describe_backends();
+    const std::string prefix = o_.backend + ": ";
+    for (std::size_t at = 0; at < all.size();) {
+      const std::size_t end = std::min(all.find('\n', at), all.size());
+      if (all.compare(at, prefix.size(), prefix) == 0)
+        return " Transport       : " + all.substr(at + prefix.size(), end - at - prefix.size()) + "\n";
+      at = end + 1;
+    }
+    return {};
+  }
+
+  Row measure(std::size_t size) {
+    switch (o_.test) {
+      case Test::send_lat: return latency(size, [&] { send_round(size); });
+      case Test::write_lat:
+        sync(size);
+        return latency(size, [&] { write_round(size); });
+      case Test::read_lat: return latency(size, [&] { read_round(size); });
+      default: return bandwidth(size);
+    }
+  }
+
+  // Write latency and PUT/GET need a registration on each side. Write
+  // latency's is ami-allocated (peers on this host map it) and twice the
+  // largest size: the peer writes the first half, the second is the source.
   void prepare_rdma() {
-    check(client_.register_memory(send_.data(), send_.size(), local_));
+    if (o_.test == Test::write_lat) {
+      check(client_.allocate_memory(2 * max_size(o_), local_));
+      control(c_, peer_, {kPeerKey, 0, 0}, local_.remote_key().to_bytes());
+    } else {
+      check(client_.register_memory(send_.data(), send_.size(), local_));
+    }
     control(c_, peer_, {kPrepare, 0, max_size(o_)});
     wait(have_key_);
   }
 
-  // One timestamp per round trip, as perftest does: each sample runs from
-  // the end of the previous round trip to the end of this one. Timestamps
-  // are cycle counts (cheap to read), converted with the rate the steady
-  // clock measures over the whole run.
-  void latency(std::size_t size) {
+  void sync(std::size_t size) {
+    if (o_.test == Test::write_lat) {
+      std::memset(local_.address(), 0, size);
+      round_ = 0;
+    }
+    synced_ = false;
+    control(c_, peer_, {kSync, 0, size});
+    wait(synced_);
+  }
+
+  void send_round(std::size_t size) {
+    replied_ = false;
+    check(send_data(c_, peer_, send_.data(), size));
+    wait(replied_);
+  }
+
+  void write_round(std::size_t size) {
+    const std::uint8_t t = tag(round_++);
+    set_source_tag(local_, max_size(o_), size, t);
+    for (;;) {
+      Status s =
+          c_.put({.dest = peer_, .local = &local_, .local_offset = max_size(o_), .remote = key_, .bytes = size});
+      if (s.ok()) break;
+      if (s != StatusCode::no_resource) check(s);
+      (void)c_.advance();
+    }
+    while (last_byte(local_, size) != t) (void)c_.advance();
+  }
+
+  void read_round(std::size_t size) {
+    replied_ = false;
+    check(c_.get({.dest = peer_, .local = &local_, .remote = key_, .bytes = size,
+                  .local_done = {&Driver::on_read_done, this}}));
+    wait(replied_);
+    if (!failure_.ok()) throw Error("client: a read failed: " + to_string(failure_));
+  }
+
+  // One timestamp per round, as perftest does: each sample runs from the
+  // end of the previous round to the end of this one. Timestamps are cycle
+  // counts (cheap to read), converted with the rate the steady clock
+  // measures. A round trip counts half (send, write: one way); a read is
+  // reported whole, as perftest does.
+  template <typename Round>
+  Row latency(std::size_t size, Round round) {
     const std::size_t warmup = std::min<std::size_t>(o_.iterations, 16);
     std::vector<std::uint64_t> ticks(o_.iterations + 1);
     for (std::size_t i = 0; i < warmup + o_.iterations; ++i) {
       if (i == warmup) ticks[0] = cycles();
-      replied_ = false;
-      check(send_data(c_, peer_, send_.data(), size));
-      wait(replied_);
+      round();
       if (i >= warmup) ticks[i - warmup + 1] = cycles();
     }
-    const double us_per_tick = microseconds_per_cycle();
+    const double us_per_tick = microseconds_per_cycle() / (o_.test == Test::read_lat ? 1 : 2);
     std::vector<double> samples(o_.iterations);
     for (std::size_t i = 0; i < o_.iterations; ++i)
-      samples[i] = static_cast<double>(ticks[i + 1] - ticks[i]) * us_per_tick / 2;
-    print_latency_row(size, std::move(samples));
+      samples[i] = static_cast<double>(ticks[i + 1] - ticks[i]) * us_per_tick;
+    return print_latency_row(size, std::move(samples));
   }
 
   // Streams iterations operations, tx_depth in flight, then a sync whose
   // answer proves the last one arrived (a lane delivers in order).
-  void bandwidth(std::size_t size) {
+  Row bandwidth(std::size_t size) {
     const std::size_t n = o_.iterations;
     stamps_.assign(n, Clock::time_point{});
     completed_ = 0;
@@ -223,13 +345,22 @@ class Driver {
     control(c_, peer_, {kSync, 0, size});
     wait(synced_);
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    // Peak: the fastest stretch of a quarter of the run (completions arrive
-    // in batches, so shorter stretches would measure the batching).
-    const std::size_t block = std::max<std::size_t>(n / 4, 1);
+    // Peak: the fastest stretch of a quarter of the run, and at least two
+    // windows, so that it spans whole window turnovers (completions arrive
+    // in batches, and the first window's all at once: shorter stretches
+    // would measure the batching). A run too short for that has no peak
+    // apart from its average.
+    const std::size_t block = std::max<std::size_t>(n / 4, 2 * o_.tx_depth);
     double peak = seconds;
-    for (std::size_t i = 0; i + block < n; i += block)
-      peak = std::min(peak, std::chrono::duration<double>(stamps_[i + block] - stamps_[i]).count());
-    print_bandwidth_row(size, n, seconds, peak, block, o_.report_gbits);
+    std::size_t peak_ops = n;
+    for (std::size_t i = 0; i + block < n; i += block) {
+      const double stretch = std::chrono::duration<double>(stamps_[i + block] - stamps_[i]).count();
+      if (stretch * static_cast<double>(peak_ops) < peak * static_cast<double>(block)) {
+        peak = stretch;
+        peak_ops = block;
+      }
+    }
+    return print_bandwidth_row(size, n, seconds, peak, peak_ops, o_.report_gbits);
   }
 
   Status post(std::size_t size) {
@@ -240,7 +371,7 @@ class Driver {
         return c_.put({.dest = peer_, .local = &local_, .remote = key_, .bytes = size, .local_done = done});
       case Test::read_bw:
         return c_.get({.dest = peer_, .local = &local_, .remote = key_, .bytes = size, .local_done = done});
-      case Test::send_lat: break;
+      default: break;
     }
     return {StatusCode::invalid_argument, "not a bandwidth test"};
   }
@@ -251,6 +382,11 @@ class Driver {
     d->stamps_[d->completed_++] = Clock::now();
   }
   static void on_reply_done(void* self, Status) { static_cast<Driver*>(self)->replied_ = true; }
+  static void on_read_done(void* self, Status s) {
+    auto* d = static_cast<Driver*>(self);
+    if (!s.ok() && d->failure_.ok()) d->failure_ = s;
+    d->replied_ = true;
+  }
   static void on_data(void* self, const Incoming&, Receive* recv) {
     auto* d = static_cast<Driver*>(self);
     if (recv == nullptr) {
@@ -276,6 +412,7 @@ class Driver {
   RemoteKey key_{};
   bool have_key_ = false, replied_ = false, synced_ = false;
   std::size_t completed_ = 0;
+  std::size_t round_ = 0;  // write latency: rounds since the last sync
   Status failure_;
   std::vector<Clock::time_point> stamps_;
 };
@@ -287,8 +424,27 @@ void require_backend(Context& c, Endpoint peer, const Options& o) {
                 o.backend + "' (a server on another host needs --backend verbs)");
 }
 
+// The configuration: the environment's, overridden by the command line.
+Config tool_config(const Options& o) {
+  Config c = Config::from_environment();
+  auto set = [&](std::string_view name, const std::string& value) {
+    Status s = c.set(name, value);
+    if (!s.ok()) throw Error(std::string(name) + "=" + value + ": " + to_string(s));
+  };
+  set("AMI_BACKENDS", o.backend == "self" ? "self" : "self," + o.backend);
+  if (!o.device.empty()) set("AMI_NET_DEVICES", o.device + (o.ib_port ? ":" + std::to_string(*o.ib_port) : ""));
+  if (o.gid_index) set("AMI_VERBS_GID_INDEX", std::to_string(*o.gid_index));
+  if (o.rdma_cm) set("AMI_VERBS_CM", "on");
+  if (o.mtu) set("AMI_VERBS_MTU", std::to_string(*o.mtu));
+  if (o.tx_depth_given && o.backend == "verbs")
+    set("AMI_VERBS_SQ_DEPTH", std::to_string(std::max<std::size_t>(o.tx_depth, 2)));
+  if (o.cq_moderation) set("AMI_VERBS_SIGNAL_INTERVAL", std::to_string(*o.cq_moderation));
+  if (o.inline_size) set("AMI_VERBS_MAX_INLINE", std::to_string(*o.inline_size));
+  return c;
+}
+
 int run_self(const Options& o) {
-  Client client({.name = "ami_tool", .contexts = 2});
+  Client client({.name = "ami_tool", .contexts = 2, .config = tool_config(o)});
   Server server(client, client.context(1), {0, 0}, o);
   std::thread t([&] { server.serve(); });
   try {
@@ -301,19 +457,22 @@ int run_self(const Options& o) {
   return 0;
 }
 
-ClientOptions job(std::uint32_t rank, const std::string& address) {
-  return {.name = "ami_tool", .contexts = 1, .job = {.rank = rank, .size = 2, .bootstrap = address}};
+ClientOptions job(const Options& o, std::uint32_t rank, const std::string& address) {
+  return {.name = "ami_tool",
+          .contexts = 1,
+          .job = {.rank = rank, .size = 2, .bootstrap = address},
+          .config = tool_config(o)};
 }
 
 int run_server(const Options& o, const std::string& address) {
-  Client client(job(0, address));
+  Client client(job(o, 0, address));
   require_backend(client.context(0), {1, 0}, o);
   Server(client, client.context(0), {1, 0}, o).serve();
   return 0;
 }
 
 int run_client(const Options& o, const std::string& address) {
-  Client client(job(1, address));
+  Client client(job(o, 1, address));
   require_backend(client.context(0), {0, 0}, o);
   Driver(client, client.context(0), {0, 0}, o).run();
   return 0;
@@ -371,8 +530,6 @@ int run(int argc, char** argv, Test test) {
   bool help = false;
   if (!parse_options(argc, argv, test, o, help)) return help ? 0 : 2;
   try {
-    if (o.backend == "verbs")
-      throw Error("the verbs backend is not available in this build");
     if (o.backend == "self") return run_self(o);
     if (o.local) return run_local(o);
     if (o.server.empty()) return run_server(o, "0.0.0.0:" + std::to_string(o.port));

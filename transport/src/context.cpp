@@ -30,7 +30,7 @@ std::string_view Context::backend_for(Endpoint dest) { return impl_->engine.back
 std::string Context::describe_lane(Endpoint dest) {
   const std::string_view backend = backend_for(dest);
   if (backend == "verbs") return impl_->verbs_domain->describe_lane(impl_->index, dest);
-  return backend.empty() ? std::string("unreachable") : std::string(backend);
+  return " Lane            : " + (backend.empty() ? std::string("unreachable") : std::string(backend)) + "\n";
 }
 
 namespace {

@@ -71,8 +71,10 @@ class Context {
   const ContextStats& stats() const;
   // Name of the backend that reaches dest ("self", "shm", "verbs"), or "".
   std::string_view backend_for(Endpoint dest);
-  // Both ends of the lane to dest, for diagnostics: for verbs perftest-style
-  // lines with LID, QPN, PSN and GID of each side; otherwise the backend.
+  // The lane to dest, for diagnostics, as perftest's banner lines
+  // (" Name : value"): for verbs the device, port, MTU, GID index, inline
+  // size and connection method, then LID, QPN, PSN and GID of each end;
+  // otherwise the backend's name.
   std::string describe_lane(Endpoint dest);
 
  private:

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# bench/rxe_vs_perftest.sh — ami's verbs backend side by side with perftest
+# (raw verbs) on soft-RoCE, inside ONE boot of the test VM (tests/rxe/ami-vm).
+# Each pair runs with the same device options (-d rxe0 -x GID, the same
+# sizes and iterations, connection by address exchange as perftest's
+# default), interleaved, ROUNDS times; the figures are medians and the ratio
+# ami/perftest is what to read: absolute numbers on an emulated NIC in a TCG
+# VM move by tens of percent from run to run.
+#
+# usage: bench/rxe_vs_perftest.sh [build-dir]
+#        (ROUNDS=3 LAT_ITERS=500 BW_ITERS=1000 SIZES="2 4096 65536" to change)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${1:-build}
+ROUNDS=${ROUNDS:-3}
+LAT_ITERS=${LAT_ITERS:-500}
+BW_ITERS=${BW_ITERS:-1000}
+SIZES=${SIZES:-2 4096 65536}
+PORT=${PORT:-19100}
+RUN_TIMEOUT=120
+
+# The figures: ami tool, perftest tool and the target ratio. Bandwidth is
+# the average from the message rate column (which keeps its digits at 2 B),
+# in MiB/s; latency is t_typical, in usec.
+readonly PAIRS=(
+  "ami_write_bw  ib_write_bw  >=0.95"
+  "ami_read_bw   ib_read_bw   >=0.95"
+  "ami_send_bw   ib_send_bw   >=0.95"
+  "ami_write_lat ib_write_lat <=1.10"
+  "ami_send_lat  ib_send_lat  <=1.10"
+  "ami_read_lat  ib_read_lat  <=1.10"
+)
+
+# figure TOOL SIZE < row -> the figure compared
+figure() {
+  if [[ $1 == *_lat ]]; then
+    awk '{print $5}'
+  else
+    awk -v s="$2" '{printf "%.6g\n", $5 * 1e6 * s / 1048576}'
+  fi
+}
+
+# ---- on the host: build, then the same script inside the VM ------------------
+
+host_main() {
+  [[ -f "$BUILD/build.ninja" ]] || meson setup "$BUILD" >/dev/null
+  meson compile -C "$BUILD" >/dev/null
+  local build
+  build=$(cd "$BUILD" && pwd)
+  # The VM passes only AMI_* variables on: the settings go as arguments.
+  exec tests/rxe/ami-vm --timeout 3000 -- "$PWD/bench/rxe_vs_perftest.sh" "$build" "$ROUNDS" "$LAT_ITERS" \
+    "$BW_ITERS" "$SIZES"
+}
+
+# ---- in the VM ---------------------------------------------------------------
+
+device=${AMI_NET_DEVICES:-rxe0:1}
+device=${device%%:*}
+
+. tests/rxe/perftest_pair.sh
+
+# perftest TOOL SIZE ITERS -> the client's result row
+perftest() {
+  local tool=$1 size=$2 iters=$3 extra=() out=/tmp/bench-perftest
+  [[ $tool == *_lat ]] && extra=(-F)  # no cpufreq in the VM: do not refuse over it
+  perftest_pair "$out" "$PORT" "$RUN_TIMEOUT" "$tool" -d "$device" -x "$RXE_GID_INDEX" -s "$size" \
+    -n "$iters" "${extra[@]}" || echo "$tool -s $size failed: $(tail -1 "$out.client")" >&2
+  PORT=$((PORT + 3))
+  awk -v s="$size" '$1 == s' "$out.client"
+}
+
+# ami TOOL SIZE ITERS -> the result row (both sides from one command)
+ami() {
+  local tool=$1 size=$2 iters=$3 out
+  out=$(AMI_VERBS_CM=off timeout "$RUN_TIMEOUT" "$BUILD/tools/$tool" --local -d "$device" -x "$RXE_GID_INDEX" \
+        -s "$size" -n "$iters" -p "$PORT" 2>&1) || echo "$tool -s $size failed: $(tail -3 <<<"$out")" >&2
+  PORT=$((PORT + 1))
+  awk -v s="$size" '$1 == s' <<<"$out"
+}
+
+median() { sort -g | awk '{v[NR] = $1} END {if (NR == 0) print "nan"; else print v[int((NR + 1) / 2)]}'; }
+
+declare -A samples
+add() { [[ -n $2 ]] && samples[$1]+="$2"$'\n'; return 0; }
+
+one_round() {
+  local pair a p target size iters
+  for pair in "${PAIRS[@]}"; do
+    read -r a p target <<<"$pair"
+    iters=$BW_ITERS
+    [[ $a == *_lat ]] && iters=$LAT_ITERS
+    for size in $SIZES; do
+      add "$a/$size" "$(ami "$a" "$size" "$iters" | figure "$a" "$size")"
+      add "$p/$size" "$(perftest "$p" "$size" "$iters" | figure "$p" "$size")"
+    done
+  done
+}
+
+vm_main() {
+  BUILD=$1 ROUNDS=$2 LAT_ITERS=$3 BW_ITERS=$4 SIZES=$5
+  local r pair a p target size ma mp
+  echo "# ami vs perftest on $device (soft-RoCE in a TCG VM), GID index $RXE_GID_INDEX"
+  echo "# $ROUNDS interleaved rounds, medians; bandwidth: average [MiB/s]; latency: t_typical [usec]"
+  for ((r = 1; r <= ROUNDS; r++)); do
+    echo "# round $r" >&2
+    one_round
+  done
+  printf '%-14s %8s %12s %12s %10s   %s\n' test bytes ami perftest ami/perf target
+  for pair in "${PAIRS[@]}"; do
+    read -r a p target <<<"$pair"
+    for size in $SIZES; do
+      ma=$(printf '%s' "${samples[$a/$size]:-}" | median)
+      mp=$(printf '%s' "${samples[$p/$size]:-}" | median)
+      awk -v t="$a" -v s="$size" -v a="$ma" -v p="$mp" -v g="$target" 'BEGIN {
+        r = (p + 0 > 0 && a + 0 > 0) ? sprintf("%.3f", a / p) : "n/a"
+        printf "%-14s %8d %12s %12s %10s   %s\n", t, s, a, p, r, g }'
+    done
+  done
+}
+
+if [[ ${RXE_VM:-} == 1 ]]; then
+  vm_main "$@"
+else
+  host_main
+fi
