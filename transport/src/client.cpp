@@ -265,7 +265,8 @@ Client::Client(ClientOptions options) {
   const auto fifo_depth = u32(impl_->config, "AMI_FIFO_DEPTH");
   for (std::uint16_t i = 0; i < n; ++i)
     impl_->contexts.push_back(std::unique_ptr<Context>(new Context(std::make_unique<detail::ContextImpl>(
-        *this, i, impl_->self, impl_->shm, impl_->verbs.get(), fifo_depth, shape))));
+        *this, i, impl_->self, impl_->shm, impl_->verbs.get(), fifo_depth, shape, impl_->shm_peers > 0,
+        impl_->verbs_peers > 0))));
 }
 
 Client::~Client() = default;

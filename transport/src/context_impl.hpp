@@ -14,18 +14,20 @@
 namespace ami::detail {
 
 struct ContextImpl {
-  // verbs_domain: null when the task has no verbs backend.
+  // verbs_domain: null when the task has no verbs backend. A backend that
+  // reaches no peer task (use_shm, use_verbs false) is not advanced at all:
+  // its progress would only ever find nothing.
   ContextImpl(Client& client, std::uint16_t index, self::SelfDomain& self_domain,
               shm::ShmDomain& shm_domain, verbs::VerbsDomain* verbs_domain, std::uint32_t fifo_depth,
-              protocol::AmEngine::Shape shape)
+              protocol::AmEngine::Shape shape, bool use_shm, bool use_verbs)
       : client(client), index(index), self_device(self_domain, index, fifo_depth),
         shm_device(shm_domain, index, fifo_depth), verbs_domain(verbs_domain),
         verbs_device(verbs_domain ? std::make_unique<verbs::VerbsDevice>(*verbs_domain, index, fifo_depth)
                                   : nullptr),
         engine(shape, stats) {
     engine.add_device(self_device);  // priority order: self, shm, verbs
-    engine.add_device(shm_device);
-    if (verbs_device) engine.add_device(*verbs_device);
+    if (use_shm) engine.add_device(shm_device);
+    if (verbs_device && use_verbs) engine.add_device(*verbs_device);
   }
 
   Client& client;
