@@ -8,13 +8,15 @@
 # VM move by tens of percent from run to run.
 #
 # usage: bench/rxe_vs_perftest.sh [build-dir]
-#        (ROUNDS=3 LAT_ITERS=500 BW_ITERS=1000 SIZES="2 4096 65536" to change)
+#        (ROUNDS=3 LAT_ITERS=1000 BW_ITERS=5000 BW_ITERS_LARGE=1000
+#         SIZES="2 4096 65536" to change; BW_ITERS_LARGE is for sizes above 4 KiB)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
 ROUNDS=${ROUNDS:-3}
-LAT_ITERS=${LAT_ITERS:-500}
-BW_ITERS=${BW_ITERS:-1000}
+LAT_ITERS=${LAT_ITERS:-1000}
+BW_ITERS=${BW_ITERS:-5000}
+BW_ITERS_LARGE=${BW_ITERS_LARGE:-1000}
 SIZES=${SIZES:-2 4096 65536}
 PORT=${PORT:-19100}
 RUN_TIMEOUT=120
@@ -49,7 +51,7 @@ host_main() {
   build=$(cd "$BUILD" && pwd)
   # The VM passes only AMI_* variables on: the settings go as arguments.
   exec tests/rxe/ami-vm --timeout 3000 -- "$PWD/bench/rxe_vs_perftest.sh" "$build" "$ROUNDS" "$LAT_ITERS" \
-    "$BW_ITERS" "$SIZES"
+    "$BW_ITERS" "$BW_ITERS_LARGE" "$SIZES"
 }
 
 # ---- in the VM ---------------------------------------------------------------
@@ -87,9 +89,10 @@ one_round() {
   local pair a p target size iters
   for pair in "${PAIRS[@]}"; do
     read -r a p target <<<"$pair"
-    iters=$BW_ITERS
-    [[ $a == *_lat ]] && iters=$LAT_ITERS
     for size in $SIZES; do
+      iters=$BW_ITERS
+      ((size > 4096)) && iters=$BW_ITERS_LARGE
+      [[ $a == *_lat ]] && iters=$LAT_ITERS
       add "$a/$size" "$(ami "$a" "$size" "$iters" | figure "$a" "$size")"
       add "$p/$size" "$(perftest "$p" "$size" "$iters" | figure "$p" "$size")"
     done
@@ -97,7 +100,7 @@ one_round() {
 }
 
 vm_main() {
-  BUILD=$1 ROUNDS=$2 LAT_ITERS=$3 BW_ITERS=$4 SIZES=$5
+  BUILD=$1 ROUNDS=$2 LAT_ITERS=$3 BW_ITERS=$4 BW_ITERS_LARGE=$5 SIZES=$6
   local r pair a p target size ma mp
   echo "# ami vs perftest on $device (soft-RoCE in a TCG VM), GID index $RXE_GID_INDEX"
   echo "# $ROUNDS interleaved rounds, medians; bandwidth: average [MiB/s]; latency: t_typical [usec]"
