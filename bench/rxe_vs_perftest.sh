@@ -50,7 +50,7 @@ host_main() {
   local build
   build=$(cd "$BUILD" && pwd)
   # The VM passes only AMI_* variables on: the settings go as arguments.
-  exec tests/rxe/ami-vm --timeout 3000 -- "$PWD/bench/rxe_vs_perftest.sh" "$build" "$ROUNDS" "$LAT_ITERS" \
+  exec tests/rxe/ami-vm --timeout 3000 --share "$PWD" --share "$build" -- "$PWD/bench/rxe_vs_perftest.sh" "$build" "$ROUNDS" "$LAT_ITERS" \
     "$BW_ITERS" "$BW_ITERS_LARGE" "$SIZES"
 }
 

@@ -55,7 +55,7 @@ bool number(const char* text, std::size_t& out, std::size_t min, std::size_t max
   return true;
 }
 
-bool is_verbs_option(int c) { return std::strchr("dixRmQI", c) != nullptr; }
+bool is_verbs_option(int c) { return c > 0 && c < 128 && std::strchr("dixRmQI", c) != nullptr; }
 
 }  // namespace
 
@@ -125,7 +125,8 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
         break;
       case 'R': o.rdma_cm = true; break;
       case 'm':
-        if (!number(optarg, v, 256, 4096, "--mtu") || (v & (v - 1)) != 0) {
+        if (!number(optarg, v, 256, 4096, "--mtu")) return false;
+        if ((v & (v - 1)) != 0) {
           std::fprintf(stderr, "error: --mtu must be 256, 512, 1024, 2048 or 4096\n");
           return false;
         }

@@ -147,7 +147,8 @@ bool write_json(const Options& o, const std::string& backend_lines, const std::v
     std::snprintf(field, sizeof field, "%s\n    {\"bytes\": %zu, \"iterations\": %zu", sep, r.bytes, r.iterations);
     out += field;
     for (const auto& [name, value] : r.values) {
-      std::snprintf(field, sizeof field, ", \"%s\": %.6g", name, value);
+      if (std::isfinite(value)) std::snprintf(field, sizeof field, ", \"%s\": %.6g", name, value);
+      else std::snprintf(field, sizeof field, ", \"%s\": null", name);  // JSON has no inf or nan
       out += field;
     }
     out += "}";

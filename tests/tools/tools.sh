@@ -1,0 +1,71 @@
+#!/bin/bash
+# The perftest-like tools on this host: every tool on shm and on self with
+# --local, checked for a result row per size, plus the JSON report and the
+# refusals of bad command lines. (On verbs they run in tests/rxe/suite.sh.)
+# usage: tools.sh BUILD_DIR
+set -uo pipefail
+build=${1:?usage: tools.sh BUILD_DIR}
+failed=()
+json=$(mktemp)
+trap 'rm -f "$json"' EXIT
+
+# run NAME EXPECT_ROWS ARGS...: the tool must succeed and print a row for
+# each size in EXPECT_ROWS.
+run() {
+  local name=$1 sizes=$2 out size
+  shift 2
+  if ! out=$(timeout 120 "$build/tools/$name" "$@" 2>&1); then
+    echo "FAIL: $name $*: exit status"; echo "$out"; failed+=("$name $*"); return
+  fi
+  for size in $sizes; do
+    grep -Eq "^ $size +[0-9]+ +[0-9.]+" <<<"$out" ||
+      { echo "FAIL: $name $*: no row for $size B"; echo "$out"; failed+=("$name $*"); return; }
+  done
+  echo "ok: $name $*"
+}
+
+# refuse NAME ARGS...: a bad command line is exit status 2 with an error line.
+refuse() {
+  local name=$1 out rc=0
+  shift
+  out=$(timeout 30 "$build/tools/$name" "$@" 2>&1) || rc=$?
+  if ((rc == 2)) && grep -q "^error: " <<<"$out"; then
+    echo "ok: $name $* refused: $out"
+  else
+    echo "FAIL: $name $*: exit $rc, expected 2 and an error line"; echo "$out"; failed+=("$name $*")
+  fi
+}
+
+port=$((20000 + $$ % 20000))
+for tool in ami_send_lat ami_write_lat ami_read_lat; do
+  run "$tool" "2 4096 65536 8388608" --local -n 100 -a -p $((port++))
+  run "$tool" "8" --local -n 200 -s 8 -p $((port++))
+  run "$tool" "3000" --backend self -n 200 -s 3000
+done
+for tool in ami_send_bw ami_write_bw ami_read_bw; do
+  run "$tool" "65536" --local -n 300 -s 65536 -p $((port++))
+  run "$tool" "2" --local -n 300 -s 2 -t 16 -p $((port++)) --report_gbits
+  run "$tool" "1048576" --backend self -n 50 -s 1048576
+done
+run ami_write_bw "4096" --local -n 100 -s 4096 -p $((port++)) --out_json_file="$json"
+if python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["tool"] == "ami_write_bw" and r["backend"] == "shm"
+assert r["results"][0]["bytes"] == 4096 and r["results"][0]["bw_average"] > 0' "$json"; then
+  echo "ok: JSON report"
+else
+  echo "FAIL: JSON report"; cat "$json"; failed+=("JSON report")
+fi
+
+refuse ami_send_lat -s 0
+refuse ami_send_lat --backend tcp
+refuse ami_write_bw -m 1000
+refuse ami_write_bw -d rxe0 --backend shm
+refuse ami_read_bw -i 1
+refuse ami_send_bw --local some-host
+
+if ((${#failed[@]})); then
+  echo "${#failed[@]} failed: ${failed[*]}"
+  exit 1
+fi
+echo "every tool run passed"
