@@ -23,6 +23,7 @@ void print_config() {
       std::printf("# range: %llu..%llu%s\n", static_cast<unsigned long long>(p.min),
                   static_cast<unsigned long long>(p.max),
                   p.type == ami::ParamType::power_of_two ? ", a power of two" : "");
+    if (p.allows_auto) std::printf("# or auto\n");
     const std::string& value = config.text(p.name);
     const std::string_view origin = config.origin(p.name);
     std::printf("%.*s=%s%s\n", static_cast<int>(p.name.size()), p.name.data(), value.c_str(),

@@ -134,12 +134,19 @@ bool VerbsDevice::prepare(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, ibv
   lane.staging_end_[n & (fifo_depth_ - 1)] = lane.staging_head_;
   // Signal every signal_interval-th WR, the one after which the FIFO has no
   // free slot (its completion is what frees one), and one after which a
-  // quarter of the staging ring waits on unsignalled WRs.
+  // quarter of the staging ring waits on unsignalled WRs. And a WR posted
+  // alone while no signalled one is in flight (ping-pong traffic): left
+  // unsignalled it would wait for a later WR or a probe, and soft-RoCE, at
+  // least, delays unsignalled WRs' round trips. Streams keep one completion
+  // per signal_interval.
   ++lane.unsignalled_;
   signal = signal || lane.unsignalled_ >= domain_.options().signal_interval ||
            n + 1 - fifo.counter().snapshot() >= fifo_depth_ ||
            lane.staging_head_ - lane.staging_signalled_ >= lane.staging_size_ / 4;
-  if (signal) mark_signalled(lane, wr, n);
+  const bool lone = !signal && n == lane.posted_ && n + 1 == fifo.injected() &&
+                    fifo.counter().snapshot() >= lane.retire_target_;
+  if (lone) ++counters_.lone_signalled;
+  if (signal || lone) mark_signalled(lane, wr, n);
   return true;
 }
 
@@ -178,32 +185,26 @@ void VerbsDevice::post(VerbsLane& lane) {
     const bool stalled = lane.posted_ + k < end && k < VerbsLane::kPostBatch;
     if (stalled) ++counters_.staging_stalls;
     if (k == 0) return;
-    // A lone WR while no signalled one is in flight (ping-pong traffic) asks
-    // for its completion: left unsignalled it would wait for a later WR or a
-    // probe, and soft-RoCE, at least, delays unsignalled WRs' round trips.
-    // Streams keep one completion per signal_interval.
-    if (k == 1 && lane.posted_ + 1 == end && !(lane.wr_[0].send_flags & IBV_SEND_SIGNALED) &&
-        lane.fifo().counter().snapshot() >= lane.retire_target_) {
-      mark_signalled(lane, lane.wr_[0], lane.posted_);
-      ++counters_.lone_signalled;
-    }
     ibv_send_wr* last = &lane.wr_[k - 1];
     last->next = nullptr;
     ibv_send_wr* bad = nullptr;
     const int rc = ibv_post_send(lane.qp_, &lane.wr_[0], &bad);
     last->next = k < VerbsLane::kPostBatch ? &lane.wr_[k] : nullptr;
     if (rc != 0) {
-      // Callbacks may not run inside the posting call: progress() fails
-      // the lane's operations.
       lane.posted_ += bad != nullptr ? static_cast<std::uint64_t>(bad - &lane.wr_[0]) : 0;
-      log_qp(lane.qp_, "ibv_post_send", errno_of_rc(rc));
-      lane.broken_ = true;
-      lane.failure_ = {StatusCode::device_error, "verbs: ibv_post_send failed (see the log)"};
-      return;
+      return post_failed(lane, "ibv_post_send", rc);
     }
     lane.posted_ += k;
     if (stalled) return;
   }
+}
+
+// Callbacks may not run inside the posting call: progress() fails the
+// lane's operations.
+void VerbsDevice::post_failed(VerbsLane& lane, const char* call, int rc) {
+  log_qp(lane.qp_, call, errno_of_rc(rc));
+  lane.broken_ = true;
+  lane.failure_ = {StatusCode::device_error, "verbs: ibv_post_send failed (see the log)"};
 }
 
 void VerbsDevice::post_probe(VerbsLane& lane) {
@@ -213,9 +214,7 @@ void VerbsDevice::post_probe(VerbsLane& lane) {
   wr.send_flags = IBV_SEND_SIGNALED;
   ibv_send_wr* bad = nullptr;
   if (int rc = ibv_post_send(lane.qp_, &wr, &bad)) {
-    log_qp(lane.qp_, "ibv_post_send (retire probe)", errno_of_rc(rc));
-    lane.broken_ = true;
-    lane.failure_ = {StatusCode::device_error, "verbs: ibv_post_send failed (see the log)"};
+    post_failed(lane, "ibv_post_send (retire probe)", rc);
     return;
   }
   lane.probe_outstanding_ = true;
@@ -240,8 +239,7 @@ void VerbsDevice::break_lane(VerbsLane& lane, std::uint64_t first_failed, Status
   lane.broken_ = true;
   lane.failure_ = status;
   log("QP 0x%06x (context %u to task %u context %u): %s (vendor error 0x%x); failing its %llu operations "
-      "from "
-      "number %llu on",
+      "from number %llu on",
       lane.qp_->qp_num, context_, lane.peer().task, lane.peer().context,
       wc != nullptr ? ibv_wc_status_str(wc->status) : status.what(), wc != nullptr ? wc->vendor_err : 0u,
       static_cast<unsigned long long>(fifo.injected() - first_failed),

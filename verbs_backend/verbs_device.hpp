@@ -133,6 +133,7 @@ class VerbsDevice final : public device::Device {
   void refuse(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, Status why);
   void mark_signalled(VerbsLane& lane, ibv_send_wr& wr, std::uint64_t n);
   void post_probe(VerbsLane& lane);
+  void post_failed(VerbsLane& lane, const char* call, int rc);  // breaks the lane
   void on_send_completion(const ibv_wc& wc);
   void on_receive_completion(const ibv_wc& wc, device::PacketSink& sink);
   void retire(VerbsLane& lane, std::uint64_t counter);

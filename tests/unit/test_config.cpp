@@ -42,6 +42,21 @@ TEST_CASE("values are checked against type and range") {
   CHECK(c.origin("AMI_FIFO_DEPTH") == "set");
 }
 
+TEST_CASE("\"auto\" where the table allows it, checked like any other value") {
+  ami::Config c;
+  CHECK_FALSE(c.number_or_auto("AMI_VERBS_MTU").has_value());  // the default
+  CHECK(c.set("AMI_VERBS_MTU", "1000") == ami::StatusCode::invalid_argument);  // not a power of two
+  CHECK(c.set("AMI_VERBS_MTU", "8192") == ami::StatusCode::invalid_argument);  // above the maximum
+  CHECK(c.set("AMI_VERBS_MTU", "1024").ok());
+  CHECK(c.number_or_auto("AMI_VERBS_MTU") == 1024u);
+  CHECK(c.set("AMI_VERBS_MTU", "auto").ok());
+  CHECK_FALSE(c.number_or_auto("AMI_VERBS_MTU").has_value());
+  CHECK(c.set("AMI_VERBS_CM", "maybe") == ami::StatusCode::invalid_argument);
+  CHECK(c.set("AMI_VERBS_CM", "off").ok());
+  CHECK(c.number_or_auto("AMI_VERBS_CM") == 0u);
+  CHECK(c.set("AMI_FIFO_DEPTH", "auto") == ami::StatusCode::invalid_argument);  // not allowed there
+}
+
 TEST_CASE("status text names the problem") {
   ami::Status s{ami::StatusCode::invalid_argument, "send: payload is null"};
   CHECK(ami::to_string(s) == "invalid_argument: send: payload is null");

@@ -89,6 +89,16 @@ void control(Context& c, Endpoint to, Control m, std::span<const std::byte> payl
   }
 }
 
+// PUTs, advancing while the context has no request to queue it in.
+void put(Context& c, const RdmaParams& p) {
+  for (;;) {
+    Status s = c.put(p);
+    if (s.ok()) return;
+    if (s != StatusCode::no_resource) throw Error("put: " + to_string(s));
+    (void)c.advance();
+  }
+}
+
 // Sends len bytes from buf: immediately when it fits, else with send().
 Status send_data(Context& c, Endpoint to, const std::byte* buf, std::size_t len, Callback done = {}) {
   if (!done && len <= c.immediate_limit(to)) {
@@ -126,13 +136,7 @@ class Server {
   void write_back() {
     const std::size_t max = max_size(o_);
     set_source_tag(memory_, max, size_, expect_);
-    for (;;) {
-      Status s =
-          c_.put({.dest = peer_, .local = &memory_, .local_offset = max, .remote = peer_key_, .bytes = size_});
-      if (s.ok()) break;
-      if (s != StatusCode::no_resource) check(s);
-      (void)c_.advance();
-    }
+    put(c_, {.dest = peer_, .local = &memory_, .local_offset = max, .remote = peer_key_, .bytes = size_});
     expect_ = static_cast<std::uint8_t>(expect_ % 255 + 1);
   }
   static void on_echo_ready(void* self, Status) {
@@ -284,13 +288,7 @@ class Driver {
   void write_round(std::size_t size) {
     const std::uint8_t t = tag(round_++);
     set_source_tag(local_, max_size(o_), size, t);
-    for (;;) {
-      Status s =
-          c_.put({.dest = peer_, .local = &local_, .local_offset = max_size(o_), .remote = key_, .bytes = size});
-      if (s.ok()) break;
-      if (s != StatusCode::no_resource) check(s);
-      (void)c_.advance();
-    }
+    put(c_, {.dest = peer_, .local = &local_, .local_offset = max_size(o_), .remote = key_, .bytes = size});
     while (last_byte(local_, size) != t) (void)c_.advance();
   }
 

@@ -43,13 +43,13 @@ constexpr ParamSpec kTable[] = {
     {"AMI_NET_DEVICES", "", ParamType::text, 0, 0,
      "RDMA device and port for the verbs backend, as device[:port] (rxe0:1, mlx5_0); empty: the "
      "first active port."},
-    {"AMI_VERBS_GID_INDEX", "auto", ParamType::text, 0, 0,
-     "GID index for RoCE: auto picks the RoCE v2 IPv4-mapped GID; or a number."},
-    {"AMI_VERBS_CM", "auto", ParamType::text, 0, 0,
+    {"AMI_VERBS_GID_INDEX", "auto", ParamType::unsigned_int, 0, 65535,
+     "GID index for RoCE: auto picks the RoCE v2 IPv4-mapped GID; or a number.", true},
+    {"AMI_VERBS_CM", "auto", ParamType::boolean, 0, 1,
      "Connect queue pairs with rdma_cm (on), by exchanging their numbers through the bootstrap "
-     "(off), or auto: rdma_cm on RoCE, the exchange on InfiniBand."},
-    {"AMI_VERBS_MTU", "auto", ParamType::text, 0, 0,
-     "Largest path MTU: auto (the port's active MTU) or 256, 512, 1024, 2048, 4096."},
+     "(off), or auto: rdma_cm on RoCE, the exchange on InfiniBand.", true},
+    {"AMI_VERBS_MTU", "auto", ParamType::power_of_two, 256, 4096,
+     "Largest path MTU: auto (the port's active MTU) or 256, 512, 1024, 2048, 4096.", true},
     {"AMI_VERBS_SQ_DEPTH", "256", ParamType::unsigned_int, 2, 65536,
      "Send work requests per queue pair; at least AMI_FIFO_DEPTH + 1 is used."},
     {"AMI_VERBS_SRQ_DEPTH", "512", ParamType::unsigned_int, 16, 65536,
@@ -57,16 +57,22 @@ constexpr ParamSpec kTable[] = {
     {"AMI_VERBS_SIGNAL_INTERVAL", "16", ParamType::unsigned_int, 1, 65536,
      "One send work request in this many asks for a completion; one completion retires the run "
      "before it."},
-    {"AMI_VERBS_MAX_INLINE", "auto", ParamType::text, 0, 0,
+    {"AMI_VERBS_MAX_INLINE", "auto", ParamType::unsigned_int, 0, 65536,
      "Bytes a send carries inline in its work request: auto (the most the device takes) or a "
-     "number, 0 for never."},
+     "number, 0 for never.", true},
     {"AMI_VERBS_BOUNCE_SIZE", "8192", ParamType::power_of_two, 256, 1 * kMiB,
      "Bytes per receive buffer, so the largest packet over verbs."},
     {"AMI_MAX_REGIONS", "4096", ParamType::unsigned_int, 1, 1u << 20,
      "Memory registrations a client holds at once."},
 };
 
+constexpr std::uint64_t kAuto = ~std::uint64_t{0};
+
 bool parse(const ParamSpec& spec, std::string_view text, std::uint64_t& out) {
+  if (spec.allows_auto && text == "auto") {
+    out = kAuto;
+    return true;
+  }
   switch (spec.type) {
     case ParamType::text: return true;
     case ParamType::boolean:
@@ -187,6 +193,12 @@ Config Config::from_environment() {
 std::uint64_t Config::number(std::string_view name) const {
   auto it = values_.find(name);
   return it == values_.end() ? 0 : it->second.number;
+}
+
+std::optional<std::uint64_t> Config::number_or_auto(std::string_view name) const {
+  const std::uint64_t v = number(name);
+  if (v == kAuto) return std::nullopt;
+  return v;
 }
 
 bool Config::flag(std::string_view name) const { return number(name) != 0; }

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -26,6 +27,7 @@ struct ParamSpec {
   std::uint64_t min = 0;  // for numbers
   std::uint64_t max = 0;
   std::string_view doc;
+  bool allows_auto = false;  // "auto" is a value too: the backend decides (number_or_auto)
 };
 
 // The table.
@@ -43,6 +45,8 @@ class Config {
 
   Status set(std::string_view name, std::string_view value);
   std::uint64_t number(std::string_view name) const;
+  // For a parameter that allows "auto": nothing when it is auto.
+  std::optional<std::uint64_t> number_or_auto(std::string_view name) const;
   bool flag(std::string_view name) const;
   const std::string& text(std::string_view name) const;
   // Where the current value came from: "default" or "environment" or "set".
