@@ -109,3 +109,16 @@ std::size_t ShmDevice::progress(device::PacketSink& sink, std::size_t budget) {
 }
 
 }  // namespace ami::shm
+
+namespace ami::shm {
+
+std::uint64_t ShmLane::rdma_crossover() const {
+  return device_.domain_.cma() ? std::uint64_t{8} << 10 : std::uint64_t{1} << 20;
+}
+
+unsigned ShmDevice::reception_load() const {
+  device::ReceptionQueue& q = domain_.own_queue(context_);
+  return static_cast<unsigned>(std::uint64_t{q.occupancy()} * 100 / q.depth());
+}
+
+}  // namespace ami::shm

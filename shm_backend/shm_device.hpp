@@ -28,6 +28,9 @@ class ShmLane final : public device::Lane {
       : Lane(peer, fifo_depth), device_(device), target_(target), pid_(pid) {}
 
   std::size_t max_packet() const override { return target_.max_data(); }
+  // With CMA a GET is one system call and one copy; the rings move a few
+  // hundred bytes per packet. Without CMA a GET goes through the rings too.
+  std::uint64_t rdma_crossover() const override;
   // Packets at the head of the FIFO go into the peer's ring at once, which
   // saves a round through advance() on the latency path; PUT and GET wait
   // for progress(), whose errors may run callbacks.
@@ -52,6 +55,7 @@ class ShmDevice final : public device::Device {
   bool can_reach(Endpoint peer) const override;
   device::Lane* lane(Endpoint peer) override;
   std::size_t progress(device::PacketSink& sink, std::size_t budget) override;
+  unsigned reception_load() const override;
 
   // Cells dropped because they failed a check (origin, kind, key, tag).
   std::uint64_t dropped() const { return dropped_; }

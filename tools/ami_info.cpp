@@ -19,7 +19,9 @@ void print_config() {
   for (const ami::ParamSpec& p : ami::config_table()) {
     std::printf("#\n# %.*s\n", static_cast<int>(p.doc.size()), p.doc.data());
     std::printf("# default: %.*s\n", static_cast<int>(p.default_value.size()), p.default_value.data());
-    if (p.type != ami::ParamType::text && p.type != ami::ParamType::boolean)
+    if (p.type == ami::ParamType::choice)
+      std::printf("# one of: %.*s\n", static_cast<int>(p.choices.size()), p.choices.data());
+    else if (p.type != ami::ParamType::text && p.type != ami::ParamType::boolean)
       std::printf("# range: %llu..%llu%s\n", static_cast<unsigned long long>(p.min),
                   static_cast<unsigned long long>(p.max),
                   p.type == ami::ParamType::power_of_two ? ", a power of two" : "");

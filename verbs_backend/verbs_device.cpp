@@ -64,6 +64,12 @@ VerbsDevice::~VerbsDevice() {
   }
 }
 
+unsigned VerbsDevice::reception_load() const {
+  const std::uint32_t depth = domain_.options().srq_depth;
+  const std::uint32_t posted = std::min(queues_.receives_posted, depth);
+  return static_cast<unsigned>(std::uint64_t{depth - posted} * 100 / depth);
+}
+
 bool VerbsDevice::can_reach(Endpoint peer) const {
   return peer.task < domain_.tasks() && peer.task != domain_.task() && peer.context < domain_.contexts() &&
          domain_.connected(peer.task);

@@ -55,6 +55,9 @@ class VerbsLane final : public device::Lane {
             std::size_t max_packet);
 
   std::size_t max_packet() const override { return max_packet_; }
+  // An RDMA READ costs a round trip but no copy on either side; every
+  // bounce buffer is one copy at each end.
+  std::uint64_t rdma_crossover() const override { return std::uint64_t{32} << 10; }
   // Posts every committed descriptor it can (the staging ring may hold some
   // back until completions free it); never runs callbacks.
   void ring() override;
@@ -103,6 +106,8 @@ class VerbsDevice final : public device::Device {
   bool can_reach(Endpoint peer) const override;
   device::Lane* lane(Endpoint peer) override;
   std::size_t progress(device::PacketSink& sink, std::size_t budget) override;
+  // Receive buffers not posted (being handled or waiting to be re-posted).
+  unsigned reception_load() const override;
 
   // Blocking waits: the completion channel's fd becomes readable after
   // arm() once a completion arrives; consume_event() then reads it.

@@ -10,6 +10,10 @@ namespace {
 
 constexpr std::size_t kWireHeader = sizeof(wire::PacketHeader);
 constexpr std::size_t kShortHeader = wire::kShortHeaderBytes;
+// Eager packets grow from this payload size, doubling up to the lane's
+// largest: the receiver gets the header early and can stop the message
+// before much of it is on the wire.
+constexpr std::uint64_t kFirstEager = 512;
 
 // Completes d as a packet whose n header bytes are already inline: the
 // payload goes inline too when it fits (so the caller's buffer is free at
@@ -44,16 +48,20 @@ void build_short(device::Descriptor& d, std::uint16_t dispatch, std::span<const 
 }  // namespace
 
 AmEngine::AmEngine(Shape shape, ContextStats& stats)
-    : shape_(shape), stats_(stats), pool_(shape.max_requests) {
+    : shape_(shape), stats_(stats), pool_(shape.max_requests), inbound_(shape.max_requests) {
   peers_.resize(std::size_t{shape.tasks} * shape.contexts);
   for (std::uint32_t t = 0; t < shape.tasks; ++t)
     for (std::uint16_t c = 0; c < shape.contexts; ++c) {
       Peer& p = peers_[std::size_t{t} * shape.contexts + c];
       p.endpoint = Endpoint{t, c};
-      p.answers.reserve(shape.max_requests);
     }
   busy_.reserve(peers_.size());
   lanes_.reserve(peers_.size());
+  inbound_free_.reserve(inbound_.size());
+  for (std::uint32_t i = static_cast<std::uint32_t>(inbound_.size()); i-- > 0;) {
+    inbound_[i].index = i;
+    inbound_free_.push_back(i);
+  }
 }
 
 Status AmEngine::set_dispatch(std::uint16_t id, Dispatch dispatch) {
@@ -106,6 +114,14 @@ Status AmEngine::check_send(const SendParams& p) const {
     return {StatusCode::invalid_argument, "send: header is null but its length is not zero"};
   if (p.payload.data() == nullptr && !p.payload.empty())
     return {StatusCode::invalid_argument, "send: payload is null but its length is not zero"};
+  if (p.memory != nullptr && !p.memory->valid())
+    return {StatusCode::not_registered, "send: memory is not a live registration"};
+  if (p.memory != nullptr) {
+    const auto* base = static_cast<const std::byte*>(p.memory->address());
+    const std::byte* first = p.payload.data();
+    if (first < base || !p.memory->covers(static_cast<std::uint64_t>(first - base), p.payload.size()))
+      return {StatusCode::invalid_argument, "send: payload lies outside the given memory"};
+  }
   return Status::success();
 }
 
@@ -160,14 +176,46 @@ Status AmEngine::send(const SendParams& p) {
   if (!p.header.empty()) std::memcpy(r->header.data(), p.header.data(), p.header.size());
   r->payload = p.payload.data();
   r->total = p.payload.size();
+  r->eager_end = r->total;
   r->local_done = p.local_done;
   r->remote_done = p.remote_done;
   r->flags = p.remote_done ? wire::kWantsRemoteDone : 0;
   r->local_pending = true;
   r->remote_pending = static_cast<bool>(p.remote_done);
+  if (!one_packet) register_send(*r, p);
   enqueue(peer, *r);
   ++stats_.messages_sent;
   return Status::success();
+}
+
+// A message of more than one packet is one its receiver may stop: its
+// buffer must be registered for the receiver's GET (or the sender's PUT)
+// until the receiver acks. When it cannot be, the message goes eagerly
+// only, which is always correct, and is counted.
+void AmEngine::register_send(Request& r, const SendParams& p) {
+  device::Registration reg;
+  bool ok = false;
+  if (p.memory != nullptr && p.memory->valid()) {
+    const auto* base = static_cast<const std::byte*>(p.memory->address());
+    const std::byte* first = p.payload.data();
+    if (first >= base && p.memory->covers(static_cast<std::uint64_t>(first - base), p.payload.size())) {
+      reg = device::Registration{p.memory->remote_key(), p.memory->local_key(), kBorrowed};
+      ok = true;
+    }
+  }
+  if (!ok && registrar_ != nullptr) {
+    ok = registrar_->acquire(p.payload.data(), p.payload.size(), reg).ok();
+    r.owns_registration = ok;
+  }
+  if (!ok) {
+    ++stats_.rndv_unregistered;
+    return;
+  }
+  r.rndv = true;
+  r.registration = reg;
+  r.verdict_pending = true;
+  r.flags |= wire::kRendezvous;
+  ++stats_.rndv_sent;
 }
 
 Status AmEngine::rdma(device::DescriptorKind kind, const RdmaParams& p, std::byte* local,
@@ -218,21 +266,35 @@ void AmEngine::enqueue(Peer& peer, Request& r) {
   }
 }
 
-// Injects as many packets of r as the FIFO takes; true when all are out.
+// Injects as many eager packets of r as the FIFO takes; true when all are
+// out (or a stop ended the eager part).
 bool AmEngine::inject_send(Peer& peer, Request& r) {
   device::Lane& lane = *peer.lane;
-  while (!r.started || r.sent < r.total) {
+  while (!r.started || r.sent < r.eager_end) {
     device::Descriptor* d = lane.fifo().try_reserve();
     if (d == nullptr) return false;
     const std::size_t hdr = r.started ? 0 : r.header_len;
-    const std::uint64_t room = lane.max_packet() - kWireHeader - hdr;
+    const std::size_t info = (!r.started && r.rndv) ? wire::RendezvousInfo::kBytes : 0;
+    std::uint64_t room = lane.max_packet() - kWireHeader - hdr - info;
+    if (r.rndv) room = std::min(room, kFirstEager << std::min<std::uint32_t>(r.packets, 40));
     const auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>(room, r.total - r.sent));
-    const auto type = r.started ? wire::PacketType::am_more : wire::PacketType::am_first;
-    build_packet(*d, wire::make_header(type, r.dispatch, r.id(), r.total, r.sent, n,
-                                       static_cast<std::uint16_t>(hdr), r.flags),
-                 {r.header.data(), hdr}, {r.payload + r.sent, n});
+    if (r.started) {
+      build_packet(*d, wire::make_header(wire::PacketType::am_more, r.dispatch, r.id(), r.total, r.sent, n, 0, 0),
+                   {}, {r.payload + r.sent, n});
+    } else {
+      const wire::PacketHeader h = wire::make_header(wire::PacketType::am_first, r.dispatch, r.id(), r.total,
+                                                     0, n, static_cast<std::uint16_t>(hdr), r.flags);
+      std::size_t k = wire::encode(h, {r.header.data(), hdr}, d->packet.inline_data);
+      if (info != 0) {
+        wire::RendezvousInfo{r.registration.key, reinterpret_cast<std::uintptr_t>(r.payload)}.encode(
+            d->packet.inline_data + k);
+        k += info;
+      }
+      finish_packet(*d, k, {r.payload, n});
+    }
     r.started = true;
     r.sent += n;
+    ++r.packets;
     stats_.bytes_sent += n;
     ++stats_.packets_sent;
     const bool last = r.sent == r.total;
@@ -250,24 +312,79 @@ bool AmEngine::inject_rdma(Peer& peer, Request& r) {
   return true;
 }
 
-bool AmEngine::inject_answer(Peer& peer, const Answer& a) {
+// One control packet, or the PUT that goes before a fin. The slot of a cts
+// or fin carries the sender's local completion when the stop cut its eager
+// packets short (the last of them then had none).
+bool AmEngine::inject_control(Peer& peer, Control& c) {
   device::Descriptor* d = peer.lane->fifo().try_reserve();
   if (d == nullptr) return false;
-  build_packet(*d, wire::make_header(wire::PacketType::remote_done, 0, a.message_id, 0, 0, 0, 0, a.flags),
-               {}, {});
-  peer.lane->fifo().commit();
-  ++stats_.remote_done_sent;
+  Request* r = c.owner;
+  if (c.get != nullptr) {
+    Inbound& in = *c.get;
+    d->kind = device::DescriptorKind::get;
+    d->rdma = device::RdmaDescriptor{.local = in.buffer + c.offset, .length = c.total,
+                                     .local_key = in.registration.local_key,
+                                     .remote_address = in.source.address + c.offset,
+                                     .remote = in.source.key};
+    peer.lane->fifo().commit(Callback{&AmEngine::on_get_done, &in});
+    stats_.rndv_get_bytes += c.total;
+    ++stats_.gets;
+    return true;
+  }
+  if (c.type == wire::PacketType::stop && c.mode == static_cast<std::uint16_t>(wire::StopMode::stop_put)) {
+    std::size_t k = wire::encode(wire::make_header(c.type, c.mode, c.id, c.total, c.offset,
+                                                   wire::RendezvousInfo::kBytes, 0, c.flags),
+                                 {}, d->packet.inline_data);
+    c.info.encode(d->packet.inline_data + k);
+    finish_packet(*d, k + wire::RendezvousInfo::kBytes, {});
+  } else if (c.type == wire::PacketType::fin && c.mode == Control::kPutPending) {
+    // The PUT of a stop_put: [E, total) of the send buffer into the receive buffer.
+    d->kind = device::DescriptorKind::put;
+    d->rdma = device::RdmaDescriptor{.local = const_cast<std::byte*>(r->payload) + c.offset,
+                                     .length = r->total - c.offset,
+                                     .local_key = r->registration.local_key,
+                                     .remote_address = c.info.address + c.offset,
+                                     .remote = c.info.key};
+    peer.lane->fifo().commit(Callback{&AmEngine::on_put_done, r});
+    stats_.rndv_put_bytes += r->total - c.offset;
+    c.mode = Control::kPutInFlight;  // the fin itself goes once the PUT has completed
+    return true;
+  } else {
+    build_packet(*d, wire::make_header(c.type, c.mode, c.id, c.total, c.offset, 0, 0, c.flags), {}, {});
+  }
+  // A cts or fin with an owner carries its local completion (see on_stop).
+  peer.lane->fifo().commit(r != nullptr ? Callback{&AmEngine::on_send_local, r} : Callback{});
+  ++stats_.packets_sent;
+  if (c.type == wire::PacketType::ack) ++stats_.acks_sent;
   return true;
 }
 
-// Moves the peer's waiting answers and instructions into its FIFO, in order.
+void AmEngine::push_control(Peer& peer, const Control& c) {
+  peer.controls.push_back(c);
+  mark_busy(peer);
+}
+
+// Moves the peer's waiting control packets and then its instructions into
+// its FIFO, in order; a fin waiting for its PUT holds back what follows.
 std::size_t AmEngine::service(Peer& peer) {
   std::size_t work = 0;
-  std::size_t sent_answers = 0;
-  while (sent_answers < peer.answers.size() && inject_answer(peer, peer.answers[sent_answers]))
-    ++sent_answers;
-  peer.answers.erase(peer.answers.begin(), peer.answers.begin() + static_cast<std::ptrdiff_t>(sent_answers));
-  work += sent_answers;
+  std::size_t sent = 0;
+  while (sent < peer.controls.size()) {
+    Control& c = peer.controls[sent];
+    if (c.type == wire::PacketType::fin && c.mode == Control::kPutInFlight) break;
+    if (!inject_control(peer, c)) break;
+    if (c.type == wire::PacketType::fin && c.mode == Control::kPutInFlight) {
+      ++work;
+      break;
+    }
+    ++sent;
+  }
+  peer.controls.erase(peer.controls.begin(), peer.controls.begin() + static_cast<std::ptrdiff_t>(sent));
+  work += sent;
+  if (!peer.controls.empty()) {
+    if (work != 0) peer.lane->ring();
+    return work;
+  }
   while (Request* r = peer.head) {
     const bool done = r->kind == Request::Kind::send ? inject_send(peer, *r) : inject_rdma(peer, *r);
     if (!done) break;
@@ -282,17 +399,29 @@ std::size_t AmEngine::service(Peer& peer) {
 void AmEngine::on_send_local(void* cookie, Status s) {
   auto& r = *static_cast<Request*>(cookie);
   r.local_pending = false;
-  if (r.local_done) r.local_done(s);
-  if (!s.ok() && r.remote_pending) {
-    r.remote_pending = false;  // the message may never have arrived
-    r.remote_done(s);
+  if (!s.ok()) {
+    if (r.failure.ok()) r.failure = s;
+    r.verdict_pending = false;  // the lane failed: no ack will come
   }
-  r.engine->finish(r);
+  r.engine->settle(r);
 }
 
-// Releases r once neither its local nor its remote completion is awaited.
-void AmEngine::finish(Request& r) {
-  if (!r.local_pending && !r.remote_pending) pool_.release(r);
+// Runs r's callbacks once what they wait for has happened: local_done when
+// the device is done with the buffer and (for a message the receiver could
+// stop) the receiver has acked; r is released when remote_done has run too.
+void AmEngine::settle(Request& r) {
+  if (r.local_pending || r.verdict_pending) return;
+  if (!r.local_fired) {
+    r.local_fired = true;
+    if (r.owns_registration) registrar_->release(r.registration);
+    r.owns_registration = false;
+    if (r.local_done) r.local_done(r.failure);
+    if (!r.failure.ok() && r.remote_pending) {
+      r.remote_pending = false;  // the message may never have arrived
+      r.remote_done(r.failure);
+    }
+  }
+  if (!r.remote_pending) pool_.release(r);
 }
 
 }  // namespace ami::protocol

@@ -1,27 +1,49 @@
 // protocol/eager/am_engine.hpp — active messages, PUT and GET over the device
-// contract, for one context.
+// contract, for one context; with the receiver-stopped rendezvous (DESIGN.md,
+// method 2) for messages longer than one packet.
 //
-// The engine owns the per-peer state (lane, work queue of requests, pending
-// remote-done answers, the message being reassembled from that peer), the
-// dispatch table and the request pool. Messages larger than one packet are
-// cut into packets that go out back to back on the peer's lane, so the
-// receiver reassembles at most one message per origin at a time. Nothing
-// here knows what device is underneath. Not thread-safe (see context.hpp).
+// The engine owns the per-peer state (lane, work queue of requests, control
+// packets waiting for a FIFO slot, the message whose eager packets are
+// arriving from that peer), the dispatch table, the request pool and the
+// pool of stopped messages being received. Eager packets of one message go
+// out back to back on the peer's lane, so a receiver reassembles at most one
+// eager stream per origin at a time; a stopped message leaves that stream
+// and completes by GET or PUT while the next one streams. Nothing here knows
+// what device is underneath. Not thread-safe (see context.hpp).
+//
+// The rendezvous, as it runs here:
+//  sender    send(): registers the buffer (or uses SendParams::memory) and
+//            streams eager packets of growing size from offset 0, the first
+//            carrying the buffer's key. The request lives until the
+//            receiver's ack (or, after a stop_put, until its fin went out).
+//  receiver  runs rndv::decide() at each eager packet. Not stopped: when the
+//            last byte is in, done runs and an ack goes back. Stopped:
+//             discard_get — GETs [0, total), drops later eager packets, acks;
+//             split_get   — GETs the bottom half of what is missing at once,
+//                           keeps eager packets, and on the sender's cts
+//                           (eager bytes E) GETs [E, bottom), then acks;
+//             stop_put    — sends its buffer's key; the sender PUTs [E, total)
+//                           and, once the PUT completed, sends fin.
+//  Every stop is answered by a cts or fin, which follows the message's last
+//  eager packet on the lane, so the receiver knows when no more will come.
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
 
 #include "ami/device/device.hpp"
+#include "ami/device/registrar.hpp"
 #include "ami/dispatch.hpp"
 #include "ami/params.hpp"
 #include "ami/stats.hpp"
 #include "protocol/eager/request_pool.hpp"
+#include "protocol/rndv/policy.hpp"
 #include "protocol/wire/packet.hpp"
 
 namespace ami::protocol {
@@ -32,12 +54,17 @@ class AmEngine final : public device::PacketSink {
     std::uint32_t tasks = 1;
     std::uint16_t contexts = 1;      // per task
     std::uint32_t max_requests = 1024;
+    rndv::Mode rndv_mode = rndv::Mode::automatic;   // AMI_RNDV_MODE
+    std::optional<std::uint64_t> rndv_crossover;    // AMI_RNDV_CROSSOVER; unset: the lane's
+    unsigned rndv_low_water = 75;                   // AMI_RNDV_LOW_WATER
   };
 
   AmEngine(Shape shape, ContextStats& stats);
 
   // Devices in priority order; the first that can reach a peer carries it.
   void add_device(device::Device& device) { devices_.push_back(&device); }
+  // Without a registrar only buffers given with their Memory can be stopped.
+  void set_registrar(device::Registrar* registrar) { registrar_ = registrar; }
 
   Status set_dispatch(std::uint16_t id, Dispatch dispatch);
   Status send(const SendParams& p);
@@ -53,6 +80,33 @@ class AmEngine final : public device::PacketSink {
   void on_packet(Endpoint origin, std::span<const std::byte> bytes) override;
 
  private:
+  // A stopped message at its receiver, until every byte is in place and the
+  // sender's cts or fin has come.
+  struct Inbound {
+    bool live = false;
+    std::uint32_t index = 0;
+    std::uint32_t generation = 0;
+    AmEngine* engine = nullptr;
+    std::uint32_t peer = 0;
+    std::uint64_t message_id = 0;  // the sender's
+    std::uint64_t total = 0;
+    std::byte* buffer = nullptr;   // null: the data is discarded
+    Callback done;
+    bool wants_remote_done = false;
+    std::uint16_t answer_flags = 0;
+    wire::StopMode mode = wire::StopMode::discard_get;
+    wire::RendezvousInfo source{};  // the sender's buffer
+    device::Registration registration{};
+    bool owns_registration = false;
+    bool has_registration = false;
+    std::uint32_t gets_pending = 0;
+    std::uint64_t bottom = 0;       // split_get: the first GET covers [bottom, total)
+    bool end_seen = false;          // the cts or fin came
+    bool in_place = false;          // every byte is in place (done ran)
+    Status failure;
+    std::uint64_t id() const { return (std::uint64_t{1} << 63) | (std::uint64_t{generation} << 32) | index; }
+  };
+  // The message whose eager packets are arriving from one origin.
   struct Reassembly {
     bool active = false;
     std::uint64_t message_id = 0;
@@ -61,11 +115,28 @@ class AmEngine final : public device::PacketSink {
     std::byte* buffer = nullptr;
     Callback done;
     bool wants_remote_done = false;
-    std::uint16_t answer_flags = 0;  // remote_done flags owed when it completes
+    std::uint16_t answer_flags = 0;  // ack flags owed when it completes
+    bool rndv = false;               // the sender waits for an ack, and the message may be stopped
+    bool zero_copy = false;
+    const Memory* memory = nullptr;
+    wire::RendezvousInfo source{};
+    Inbound* stopped = nullptr;      // set once stopped: later eager packets belong to it
   };
-  struct Answer {
-    std::uint64_t message_id;
-    std::uint16_t flags;
+  // A packet (or a PUT and then a packet) the engine owes a peer, sent
+  // before the peer's queued instructions.
+  struct Control {
+    wire::PacketType type = wire::PacketType::ack;
+    std::uint16_t flags = 0;
+    std::uint16_t mode = 0;     // stop
+    std::uint64_t id = 0;       // header message_id
+    std::uint64_t offset = 0;   // header offset
+    std::uint64_t total = 0;    // header total_len
+    Request* owner = nullptr;   // sender side: cts, fin or the PUT of a stop_put
+    Inbound* get = nullptr;     // receiver side: not a packet but a GET of [offset, offset + total)
+    wire::RendezvousInfo info{};  // stop with stop_put: the receive buffer
+    // mode of a fin: its PUT still to inject, or injected and not complete
+    static constexpr std::uint16_t kPutPending = 1;
+    static constexpr std::uint16_t kPutInFlight = 2;
   };
   struct Peer {
     Endpoint endpoint;
@@ -73,7 +144,7 @@ class AmEngine final : public device::PacketSink {
     device::Lane* lane = nullptr;
     Request* head = nullptr;  // work queue: instructions waiting for FIFO slots
     Request* tail = nullptr;
-    std::vector<Answer> answers;  // remote_done answers waiting for a FIFO slot
+    std::vector<Control> controls;  // waiting for a FIFO slot, in order
     Reassembly rx;
     bool busy = false;
   };
@@ -86,30 +157,50 @@ class AmEngine final : public device::PacketSink {
   void mark_busy(Peer& peer);
   void enqueue(Peer& peer, Request& r);
 
-  // sending
+  // sending (am_engine.cpp)
   bool inject_send(Peer& peer, Request& r);
   bool inject_rdma(Peer& peer, Request& r);
-  bool inject_answer(Peer& peer, const Answer& a);
+  bool inject_control(Peer& peer, Control& c);
   std::size_t service(Peer& peer);
+  void push_control(Peer& peer, const Control& c);
   static void on_send_local(void* cookie, Status s);
-  void finish(Request& r);
+  void settle(Request& r);
+  void register_send(Request& r, const SendParams& p);
 
-  // receiving
+  // receiving (am_receive.cpp)
   void on_first(Peer& peer, const wire::PacketView& v);
   void on_more(Peer& peer, const wire::PacketView& v);
-  void on_remote_done(const wire::PacketView& v);
+  void on_ack(const wire::PacketView& v);
   void complete_rx(Peer& peer, Status s);
-  void answer(Peer& peer, std::uint64_t message_id, std::uint16_t flags);
+  void ack(Peer& peer, std::uint64_t message_id, std::uint16_t flags, bool remote_done);
   void count_malformed(std::size_t reason);
+
+  // the rendezvous (am_rndv.cpp)
+  void consider_stop(Peer& peer, bool first_packet);
+  bool stop(Peer& peer, const rndv::Decision& d);
+  void get(Peer& peer, Inbound& in, std::uint64_t offset, std::uint64_t bytes);
+  static void on_get_done(void* cookie, Status s);
+  static void on_put_done(void* cookie, Status s);
+  void on_stop(Peer& peer, const wire::PacketView& v);
+  void on_end(Peer& peer, const wire::PacketView& v);
+  void check_inbound(Inbound& in);
+  Inbound* find_inbound(std::uint64_t id);
+
+  // Registration::handle of a buffer the user registered (SendParams::memory,
+  // Receive::memory): used, never released.
+  static constexpr std::uint32_t kBorrowed = ~std::uint32_t{0};
 
   Shape shape_;
   ContextStats& stats_;
+  device::Registrar* registrar_ = nullptr;
   std::vector<device::Device*> devices_;
   std::vector<Peer> peers_;           // by task * contexts + context
   std::vector<device::Lane*> lanes_;  // every lane made so far
   std::vector<Peer*> busy_;
   std::array<Dispatch, kMaxDispatch> dispatch_{};
   RequestPool pool_;
+  std::vector<Inbound> inbound_;       // AMI_MAX_REQUESTS of them
+  std::vector<std::uint32_t> inbound_free_;
 };
 
 }  // namespace ami::protocol

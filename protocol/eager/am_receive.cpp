@@ -1,5 +1,5 @@
 // protocol/eager/am_receive.cpp — the receive side: validating arrivals,
-// dispatching, reassembly, remote-done answers; and the advance loop.
+// dispatching, eager reassembly, acks; and the advance loop.
 #include <cstring>
 
 #include "protocol/eager/am_engine.hpp"
@@ -10,6 +10,7 @@ namespace {
 // Reasons beyond the decoder's, in ContextStats::malformed_by_reason.
 constexpr std::size_t kOutOfSequence = 7;
 constexpr std::size_t kBadOrigin = 8;
+constexpr std::size_t kBadRendezvous = 9;
 }  // namespace
 
 std::size_t AmEngine::advance() {
@@ -19,7 +20,7 @@ std::size_t AmEngine::advance() {
   for (std::size_t i = 0; i < busy_.size(); ++i) work += service(*busy_[i]);
   std::size_t kept = 0;
   for (Peer* p : busy_) {
-    if (p->head != nullptr || !p->answers.empty())
+    if (p->head != nullptr || !p->controls.empty())
       busy_[kept++] = p;
     else
       p->busy = false;
@@ -49,49 +50,66 @@ void AmEngine::on_packet(Endpoint origin, std::span<const std::byte> bytes) {
     case wire::PacketType::am_first:
     case wire::PacketType::am_short: on_first(*peer, v); break;
     case wire::PacketType::am_more: on_more(*peer, v); break;
-    case wire::PacketType::remote_done: on_remote_done(v); break;
+    case wire::PacketType::ack: on_ack(v); break;
+    case wire::PacketType::stop: on_stop(*peer, v); break;
+    case wire::PacketType::cts:
+    case wire::PacketType::fin: on_end(*peer, v); break;
   }
 }
 
 void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {
   Reassembly& rx = peer.rx;
-  if (rx.active) {
-    // A lane delivers a message's packets back to back; a new message while
-    // one is incomplete means the origin broke that rule.
+  if (rx.active && rx.stopped == nullptr) {
+    // A lane delivers a message's eager packets back to back; a new message
+    // while one is incomplete means the origin broke that rule.
     count_malformed(kOutOfSequence);
     complete_rx(peer, {StatusCode::malformed_packet, "message cut short by a new one from its origin"});
+  }
+  rx = Reassembly{};  // a stopped message before this one has no eager packets left
+  wire::RendezvousInfo source;
+  const bool rndv = (v.header.flags & wire::kRendezvous) != 0;
+  if (rndv && !wire::RendezvousInfo::decode(v.rendezvous, v.header.total_len, source)) {
+    count_malformed(kBadRendezvous);
+    return;
   }
   ++stats_.messages_received;
   stats_.bytes_received += v.payload.size();
   const bool wants_answer = (v.header.flags & wire::kWantsRemoteDone) != 0;
+  const bool whole = v.payload.size() == v.header.total_len;
   const Dispatch d = dispatch_[v.header.dispatch];
   if (d.fn == nullptr) {
     ++stats_.unknown_dispatch;
     stats_.discarded_bytes += v.payload.size();
-    if (v.payload.size() == v.header.total_len) {
-      if (wants_answer) answer(peer, v.header.message_id, wire::kDispatchMissing);
+    if (whole) {
+      if (wants_answer || rndv) ack(peer, v.header.message_id, wire::kDispatchMissing, wants_answer);
       return;
     }
-    // Answered once the last packet has been dropped too.
-    rx = Reassembly{true, v.header.message_id, v.header.total_len, v.payload.size(), nullptr, {},
-                    wants_answer, wire::kDispatchMissing};
+    // Dropped as it comes (or stopped: nobody wants it); acked at the end.
+    rx = Reassembly{.active = true, .message_id = v.header.message_id, .total = v.header.total_len,
+                    .received = v.payload.size(), .wants_remote_done = wants_answer,
+                    .answer_flags = wire::kDispatchMissing, .rndv = rndv, .source = source};
+    if (rndv) consider_stop(peer, true);
     return;
   }
   const Incoming in{peer.endpoint, v.header.dispatch, v.user_header, v.payload,
                     static_cast<std::size_t>(v.header.total_len)};
-  if (v.payload.size() == v.header.total_len) {
+  if (whole) {
     d.fn(d.cookie, in, nullptr);
-    if (wants_answer) answer(peer, v.header.message_id, 0);
+    if (wants_answer || rndv) ack(peer, v.header.message_id, 0, wants_answer);
+    if (rndv) ++stats_.rndv_eager_complete;
     return;
   }
   Receive recv;
   d.fn(d.cookie, Incoming{in.origin, in.dispatch, in.header, {}, in.total_bytes}, &recv);
-  rx = Reassembly{true, v.header.message_id, v.header.total_len, v.payload.size(),
-                  static_cast<std::byte*>(recv.buffer), recv.done, wants_answer, 0};
+  rx = Reassembly{.active = true, .message_id = v.header.message_id, .total = v.header.total_len,
+                  .received = v.payload.size(), .buffer = static_cast<std::byte*>(recv.buffer),
+                  .done = recv.done, .wants_remote_done = wants_answer, .answer_flags = 0,
+                  .rndv = rndv, .zero_copy = recv.zero_copy, .memory = recv.memory, .source = source};
   if (rx.buffer != nullptr)
     std::memcpy(rx.buffer, v.payload.data(), v.payload.size());
   else
     stats_.discarded_bytes += v.payload.size();
+  if (rndv) consider_stop(peer, true);
 }
 
 void AmEngine::on_more(Peer& peer, const wire::PacketView& v) {
@@ -101,44 +119,71 @@ void AmEngine::on_more(Peer& peer, const wire::PacketView& v) {
     count_malformed(kOutOfSequence);
     return;
   }
+  rx.received += v.payload.size();
+  stats_.bytes_received += v.payload.size();
+  if (Inbound* in = rx.stopped) {
+    // In flight when the stop went: discard_get drops it (the GET brings
+    // everything); split_get and stop_put keep it, their GET or PUT leaves
+    // it out.
+    stats_.rndv_late_bytes += v.payload.size();
+    if (in->mode != wire::StopMode::discard_get && in->buffer != nullptr && !in->in_place)
+      std::memcpy(in->buffer + v.header.offset, v.payload.data(), v.payload.size());
+    else
+      stats_.discarded_bytes += v.payload.size();
+    return;
+  }
   if (rx.buffer != nullptr)
     std::memcpy(rx.buffer + v.header.offset, v.payload.data(), v.payload.size());
   else
     stats_.discarded_bytes += v.payload.size();
-  rx.received += v.payload.size();
-  stats_.bytes_received += v.payload.size();
-  if (rx.received == rx.total) complete_rx(peer, Status::success());
+  if (rx.received == rx.total) {
+    if (rx.rndv) ++stats_.rndv_eager_complete;
+    complete_rx(peer, Status::success());
+  } else if (rx.rndv) {
+    consider_stop(peer, false);
+  }
 }
 
+// The eager stream ended (every byte came, or it was cut short): done runs,
+// and the sender gets its ack when it waits for one.
 void AmEngine::complete_rx(Peer& peer, Status s) {
   Reassembly rx = peer.rx;
   peer.rx = Reassembly{};
   if (rx.done) rx.done(s);
-  if (rx.wants_remote_done) answer(peer, rx.message_id, s.ok() ? rx.answer_flags : std::uint16_t{wire::kDispatchMissing});
+  std::uint16_t flags = rx.answer_flags;
+  if (!s.ok()) flags |= wire::kFailed;
+  if (rx.wants_remote_done || rx.rndv) ack(peer, rx.message_id, flags, rx.wants_remote_done);
 }
 
-void AmEngine::answer(Peer& peer, std::uint64_t message_id, std::uint16_t flags) {
-  if (peer.answers.size() >= shape_.max_requests) {
+void AmEngine::ack(Peer& peer, std::uint64_t message_id, std::uint16_t flags, bool remote_done) {
+  if (remote_done) ++stats_.remote_done_sent;
+  if (peer.controls.size() >= 4 * std::size_t{shape_.max_requests}) {
     // More answers owed than the origin can have requests: not an honest peer.
     count_malformed(kOutOfSequence);
     return;
   }
-  peer.answers.push_back(Answer{message_id, flags});
-  mark_busy(peer);
+  push_control(peer, Control{.type = wire::PacketType::ack, .flags = flags, .id = message_id});
 }
 
-void AmEngine::on_remote_done(const wire::PacketView& v) {
+void AmEngine::on_ack(const wire::PacketView& v) {
   Request* r = pool_.find(v.header.message_id);
-  if (r == nullptr || r->kind != Request::Kind::send || !r->remote_pending) {
+  if (r == nullptr || r->kind != Request::Kind::send || (!r->remote_pending && !r->verdict_pending)) {
     count_malformed(kOutOfSequence);
     return;
   }
-  ++stats_.remote_done_received;
-  r->remote_pending = false;
-  const bool missing = (v.header.flags & wire::kDispatchMissing) != 0;
-  r->remote_done(missing ? Status{StatusCode::unknown_dispatch, "send: the target has no handler for the dispatch id"}
-                         : Status::success());
-  finish(*r);
+  ++stats_.acks_received;
+  Status s = Status::success();
+  if (v.header.flags & wire::kDispatchMissing)
+    s = {StatusCode::unknown_dispatch, "send: the target has no handler for the dispatch id"};
+  else if (v.header.flags & wire::kFailed)
+    s = {StatusCode::remote_access, "send: the target could not place every byte of the message"};
+  r->verdict_pending = false;
+  if (r->remote_pending) {
+    r->remote_pending = false;
+    ++stats_.remote_done_received;
+    r->remote_done(s);
+  }
+  settle(*r);
 }
 
 }  // namespace ami::protocol

@@ -14,6 +14,8 @@
 
 #include "ami/callback.hpp"
 #include "ami/device/descriptor.hpp"
+#include "ami/device/registrar.hpp"
+#include "protocol/wire/packet.hpp"
 
 namespace ami::protocol {
 
@@ -41,12 +43,26 @@ struct Request {
   bool started = false;
   Callback local_done;
   Callback remote_done;
-  bool local_pending = false;
-  bool remote_pending = false;
+  bool local_pending = false;   // a FIFO slot's callback (or one still to be attached) is owed
+  bool remote_pending = false;  // remote_done not yet run
+  bool local_fired = false;
+  Status failure;               // the first error seen; local_done gets it
+
+  // a send the receiver may stop (more than one packet, buffer registered)
+  bool rndv = false;
+  bool verdict_pending = false;  // no ack yet
+  bool owns_registration = false;
+  device::Registration registration{};
+  std::uint64_t eager_end = 0;   // eager bytes to send: total, or what was sent at a stop
+  std::uint32_t packets = 0;     // eager packets sent (their size grows)
+  bool stopped = false;
 
   // rdma
   device::DescriptorKind rdma_kind = device::DescriptorKind::put;
   device::RdmaDescriptor rdma{};
+
+  // the receiver's side of a stopped message (its id for it, for cts/fin)
+  std::uint64_t stop_record = 0;
 
   std::uint64_t id() const { return (std::uint64_t{1} << 63) | (std::uint64_t{generation} << 32) | index; }
 };

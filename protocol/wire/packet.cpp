@@ -21,21 +21,44 @@ std::string_view to_string(DecodeError e) {
 
 namespace {
 
+// Bytes between the user header and the payload.
+std::size_t extra_bytes(const PacketHeader& h) {
+  const auto type = static_cast<PacketType>(h.type);
+  return type == PacketType::am_first && (h.flags & kRendezvous) ? RendezvousInfo::kBytes : 0;
+}
+
 DecodeError check_lengths(const PacketHeader& h, std::size_t size) {
   if (h.header_len > kMaxUserHeader) return DecodeError::bad_length;
   const std::size_t body = size - sizeof(PacketHeader);
-  if (h.header_len > body || h.payload_len != body - h.header_len) return DecodeError::bad_length;
-  const auto type = static_cast<PacketType>(h.type);
-  if (type == PacketType::remote_done && (h.payload_len != 0 || h.header_len != 0))
+  const std::size_t extra = extra_bytes(h);
+  if (std::size_t{h.header_len} + extra > body || h.payload_len != body - h.header_len - extra)
     return DecodeError::bad_length;
+  const auto type = static_cast<PacketType>(h.type);
+  const bool control = type == PacketType::ack || type == PacketType::stop ||
+                       type == PacketType::cts || type == PacketType::fin;
+  if (control && h.header_len != 0) return DecodeError::bad_length;
+  if (type == PacketType::stop) {
+    const bool put = h.dispatch == static_cast<std::uint16_t>(StopMode::stop_put);
+    if (h.payload_len != (put ? RendezvousInfo::kBytes : 0)) return DecodeError::bad_length;
+  } else if (control && h.payload_len != 0) {
+    return DecodeError::bad_length;
+  }
   if (type == PacketType::am_more && h.header_len != 0) return DecodeError::bad_length;
   return DecodeError::none;
 }
 
 DecodeError check_offsets(const PacketHeader& h) {
-  if (h.offset > h.total_len || h.payload_len > h.total_len - h.offset)
-    return DecodeError::bad_offset;
   const auto type = static_cast<PacketType>(h.type);
+  if (type == PacketType::stop) {
+    if (h.dispatch < static_cast<std::uint16_t>(StopMode::discard_get) ||
+        h.dispatch > static_cast<std::uint16_t>(StopMode::stop_put))
+      return DecodeError::bad_offset;
+    return DecodeError::none;
+  }
+  if (type == PacketType::ack) return DecodeError::none;
+  if (h.offset > h.total_len) return DecodeError::bad_offset;
+  if (type == PacketType::cts || type == PacketType::fin) return DecodeError::none;
+  if (h.payload_len > h.total_len - h.offset) return DecodeError::bad_offset;
   if (type == PacketType::am_first && h.offset != 0) return DecodeError::bad_offset;
   if (type == PacketType::am_more && (h.offset == 0 || h.payload_len == 0))
     return DecodeError::bad_offset;
@@ -56,6 +79,7 @@ DecodeError decode_short(const PacketHeader& h, std::span<const std::byte> packe
   out.header.total_len = h.payload_len;
   out.header.offset = 0;
   out.user_header = packet.subspan(kShortHeaderBytes, h.header_len);
+  out.rendezvous = {};
   out.payload = packet.subspan(kShortHeaderBytes + h.header_len, h.payload_len);
   return DecodeError::none;
 }
@@ -75,10 +99,31 @@ DecodeError decode(std::span<const std::byte> packet, PacketView& out) {
   if ((h.flags & ~kKnownFlags) != 0) return DecodeError::bad_flags;
   if (DecodeError e = check_lengths(h, packet.size()); e != DecodeError::none) return e;
   if (DecodeError e = check_offsets(h); e != DecodeError::none) return e;
+  const std::size_t extra = extra_bytes(h);
   out.header = h;
   out.user_header = packet.subspan(sizeof h, h.header_len);
-  out.payload = packet.subspan(sizeof h + h.header_len, h.payload_len);
+  out.rendezvous = packet.subspan(sizeof h + h.header_len, extra);
+  out.payload = packet.subspan(sizeof h + h.header_len + extra, h.payload_len);
   return DecodeError::none;
+}
+
+void RendezvousInfo::encode(std::byte* out) const {
+  const auto k = key.to_bytes();
+  std::memcpy(out, k.data(), k.size());
+  std::memcpy(out + k.size(), &address, sizeof address);
+}
+
+bool RendezvousInfo::decode(std::span<const std::byte> in, std::uint64_t total, RendezvousInfo& out) {
+  if (in.size() != kBytes) return false;
+  RendezvousInfo r;
+  if (!RemoteKey::from_bytes(in.first(RemoteKey::kSerializedSize), r.key).ok()) return false;
+  std::memcpy(&r.address, in.data() + RemoteKey::kSerializedSize, sizeof r.address);
+  // The message's bytes lie inside the key's range.
+  if (r.address < r.key.address || r.address - r.key.address > r.key.length ||
+      total > r.key.length - (r.address - r.key.address))
+    return false;
+  out = r;
+  return true;
 }
 
 std::size_t encode_short(std::uint16_t dispatch, std::uint32_t payload_len,

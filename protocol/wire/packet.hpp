@@ -17,6 +17,8 @@
 #include <span>
 #include <string_view>
 
+#include "ami/memory.hpp"
+
 namespace ami::wire {
 
 static_assert(std::endian::native == std::endian::little, "the wire format is little-endian");
@@ -25,19 +27,43 @@ inline constexpr std::uint32_t kMagic = 0x21494D41;  // "AMI!"
 inline constexpr std::uint8_t kVersion = 1;
 inline constexpr std::size_t kMaxUserHeader = 128;
 
+// The rendezvous packets (DESIGN.md, method 2) use the fixed header's fields
+// as their comments say; the others as the field names say.
 enum class PacketType : std::uint8_t {
-  am_first = 1,     // first packet of an active message: user header + payload from 0
-  am_more = 2,      // a later fragment of the message in flight on this lane
-  remote_done = 3,  // the target finished a message whose sender asked to know
-  am_short = 4,     // a whole message, no answer wanted: the short header only
+  am_first = 1,  // first packet of an active message: user header + payload from 0; with
+                 // kRendezvous, a RendezvousInfo sits between the user header and the payload
+  am_more = 2,   // a later eager packet of the message in flight on this lane
+  ack = 3,       // the receiver is done with a message: message_id = the sender's id
+  am_short = 4,  // a whole message, no answer wanted: the short header only
+  stop = 5,      // receiver to sender: stop sending eagerly. message_id = the sender's id,
+                 // offset = the receiver's id for it, dispatch = the StopMode; with
+                 // stop_put the payload is the receive buffer's RendezvousInfo
+  cts = 6,       // sender's answer to a GET stop: message_id = the receiver's id,
+                 // offset = eager bytes sent (all of them are ahead of this packet)
+  fin = 7,       // after the PUT of a stop_put: fields as cts
 };
-inline constexpr std::uint8_t kLastPacketType = 4;
+inline constexpr std::uint8_t kLastPacketType = 7;
 
 enum PacketFlags : std::uint16_t {
-  kWantsRemoteDone = 1u << 0,  // am_first: answer with remote_done when done
-  kDispatchMissing = 1u << 1,  // remote_done: the target had no handler
+  kWantsRemoteDone = 1u << 0,  // am_first: the sender wants a remote-done
+  kDispatchMissing = 1u << 1,  // ack: the target had no handler
+  kRendezvous = 1u << 2,       // am_first: the receiver may stop it; it must be acked
+  kFailed = 1u << 3,           // ack: the data did not all arrive (a GET failed)
 };
-inline constexpr std::uint16_t kKnownFlags = kWantsRemoteDone | kDispatchMissing;
+inline constexpr std::uint16_t kKnownFlags = kWantsRemoteDone | kDispatchMissing | kRendezvous | kFailed;
+
+enum class StopMode : std::uint16_t { discard_get = 1, split_get = 2, stop_put = 3 };
+
+// Where a buffer of the rendezvous lies: its registration's remote key and
+// its first byte's address (inside the key's range).
+struct RendezvousInfo {
+  static constexpr std::size_t kBytes = 56;  // key (48) + address (8)
+  RemoteKey key{};
+  std::uint64_t address = 0;
+  void encode(std::byte* out) const;
+  // Rejects a bad key, and an address outside the key's range.
+  static bool decode(std::span<const std::byte> in, std::uint64_t total, RendezvousInfo& out);
+};
 
 struct PacketHeader {
   std::uint32_t magic;
@@ -72,6 +98,7 @@ std::string_view to_string(DecodeError e);
 struct PacketView {
   PacketHeader header;
   std::span<const std::byte> user_header;
+  std::span<const std::byte> rendezvous;  // am_first with kRendezvous: RendezvousInfo::kBytes
   std::span<const std::byte> payload;
   PacketType type() const { return static_cast<PacketType>(header.type); }
 };

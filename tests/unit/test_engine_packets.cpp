@@ -105,10 +105,10 @@ TEST_CASE("a new message cutting an incomplete one fails the old one's done") {
   CHECK(r.dispatched == 2);
 }
 
-TEST_CASE("a remote_done naming no live request is dropped") {
+TEST_CASE("an ack naming no live request is dropped") {
   Rig r;
-  r.feed(make_header(PacketType::remote_done, 0, 12345, 0, 0, 0, 0), 0, 0);
-  r.feed(make_header(PacketType::remote_done, 0, (1ull << 63) | 3, 0, 0, 0, 0), 0, 0);
+  r.feed(make_header(PacketType::ack, 0, 12345, 0, 0, 0, 0), 0, 0);
+  r.feed(make_header(PacketType::ack, 0, (1ull << 63) | 3, 0, 0, 0, 0), 0, 0);
   CHECK(r.stats.malformed_by_reason[7] == 2);
   CHECK(r.stats.remote_done_received == 0);
 }

@@ -79,7 +79,7 @@ TEST_CASE("oversize and inconsistent lengths") {
   h = good(16, 8);
   h.header_len = 0xFFFF;
   CHECK(decode_bytes(packet(h, 8, 16)) == DecodeError::bad_length);
-  h = make_header(PacketType::remote_done, 0, 1, 0, 0, 4, 0);
+  h = make_header(PacketType::ack, 0, 1, 0, 0, 4, 0);
   CHECK(decode_bytes(packet(h, 0, 4)) == DecodeError::bad_length);  // an answer has no payload
   h = make_header(PacketType::am_more, 0, 1, 64, 16, 16, 8);
   CHECK(decode_bytes(packet(h, 8, 16)) == DecodeError::bad_length);  // only a first packet has a user header

@@ -22,7 +22,21 @@ SelfDomain::SelfDomain(std::uint32_t task, std::uint16_t contexts, std::uint32_t
 }
 
 SelfDevice::SelfDevice(SelfDomain& domain, std::uint16_t context, std::uint32_t fifo_depth)
-    : domain_(domain), context_(context), fifo_depth_(fifo_depth), lanes_(domain.contexts()) {}
+    : domain_(domain), context_(context), fifo_depth_(fifo_depth), lanes_(domain.contexts()),
+      allowance_(domain.contexts(), kUnheld) {}
+
+unsigned SelfDevice::reception_load() const {
+  const device::ReceptionQueue& q = domain_.queue(context_);
+  return static_cast<unsigned>(std::uint64_t{q.occupancy()} * 100 / q.depth());
+}
+
+void SelfDevice::hold(std::uint16_t target, bool held) {
+  if (target < allowance_.size()) allowance_[target] = held ? 0 : kUnheld;
+}
+
+void SelfDevice::release(std::uint16_t target, std::uint64_t n) {
+  if (target < allowance_.size() && allowance_[target] != kUnheld) allowance_[target] += n;
+}
 
 bool SelfDevice::can_reach(Endpoint peer) const {
   return peer.task == domain_.task() && peer.context < domain_.contexts();
@@ -70,7 +84,11 @@ std::size_t SelfDevice::drain_lane(SelfLane& lane) {
   auto& fifo = lane.fifo();
   std::uint64_t done = fifo.counter().snapshot();
   const std::uint64_t start = done;
-  while (done < fifo.injected() && execute(lane, done)) ++done;
+  std::uint64_t& allowance = allowance_[lane.peer().context];
+  while (done < fifo.injected() && allowance != 0 && execute(lane, done)) {
+    ++done;
+    if (allowance != kUnheld) --allowance;
+  }
   if (done != start) fifo.counter().advance_to(done);
   return done - start;
 }

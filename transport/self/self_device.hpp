@@ -27,6 +27,7 @@ class SelfDomain {
   std::uint32_t task() const { return task_; }
   std::uint16_t contexts() const { return static_cast<std::uint16_t>(queues_.size()); }
   device::ReceptionQueue& queue(std::uint16_t context) { return queues_[context]; }
+  const device::ReceptionQueue& queue(std::uint16_t context) const { return queues_[context]; }
   const device::RegionTable& regions() const { return regions_; }
 
  private:
@@ -45,6 +46,9 @@ class SelfLane final : public device::Lane {
   SelfLane(Endpoint peer, std::uint32_t fifo_depth, std::size_t max_packet)
       : Lane(peer, fifo_depth), max_packet_(max_packet) {}
   std::size_t max_packet() const override { return max_packet_; }
+  // A GET is one memcpy against an eager packet's two (into the queue, out
+  // of it) and a dispatch per packet.
+  std::uint64_t rdma_crossover() const override { return std::uint64_t{16} << 10; }
   void ring() override {}
 
  private:
@@ -59,6 +63,13 @@ class SelfDevice final : public device::Device {
   bool can_reach(Endpoint peer) const override;
   device::Lane* lane(Endpoint peer) override;
   std::size_t progress(device::PacketSink& sink, std::size_t budget) override;
+  unsigned reception_load() const override;
+
+  // For deterministic tests: while held, the lane to target context keeps
+  // its descriptors in its FIFO (nothing is delivered or copied);
+  // release(n) then carries out the next n of them.
+  void hold(std::uint16_t target, bool held);
+  void release(std::uint16_t target, std::uint64_t n);
 
  private:
   std::size_t drain_lane(SelfLane& lane);
@@ -68,6 +79,8 @@ class SelfDevice final : public device::Device {
   std::uint16_t context_;
   std::uint32_t fifo_depth_;
   std::vector<std::unique_ptr<SelfLane>> lanes_;  // by target context
+  std::vector<std::uint64_t> allowance_;          // per held lane: descriptors it may still carry out
+  static constexpr std::uint64_t kUnheld = ~std::uint64_t{0};
 };
 
 }  // namespace ami::self

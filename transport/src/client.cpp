@@ -122,6 +122,7 @@ struct Client::Impl {
   void attach_peer(const AddressBlob& mine, const AddressBlob& peer);
   static bool verbs_between(const AddressBlob& a, const AddressBlob& b);
   Status register_region(RemoteKey& key, void* address, std::size_t length, std::uint32_t& lkey);
+  std::unique_ptr<detail::RegistrationCache> make_cache();
 
   std::string name;
   Config config;
@@ -238,12 +239,32 @@ Client::Client(ClientOptions options) {
   impl_ = std::make_unique<Impl>(options, b);
   impl_->exchange_addresses(boot.get(), n);
 
-  const protocol::AmEngine::Shape shape{impl_->size, n, u32(impl_->config, "AMI_MAX_REQUESTS")};
-  const auto fifo_depth = u32(impl_->config, "AMI_FIFO_DEPTH");
+  const Config& c = impl_->config;
+  protocol::AmEngine::Shape shape{impl_->size, n, u32(c, "AMI_MAX_REQUESTS")};
+  shape.rndv_mode = static_cast<protocol::rndv::Mode>(c.number("AMI_RNDV_MODE"));
+  shape.rndv_crossover = c.number_or_auto("AMI_RNDV_CROSSOVER");
+  shape.rndv_low_water = u32(c, "AMI_RNDV_LOW_WATER");
+  const auto fifo_depth = u32(c, "AMI_FIFO_DEPTH");
   for (std::uint16_t i = 0; i < n; ++i)
     impl_->contexts.push_back(std::unique_ptr<Context>(new Context(std::make_unique<detail::ContextImpl>(
         *this, i, impl_->self, impl_->shm, impl_->verbs.get(), fifo_depth, shape, impl_->shm_peers > 0,
-        impl_->verbs_peers > 0))));
+        impl_->verbs_peers > 0, impl_->make_cache()))));
+}
+
+// A context's registration cache, registering through the client. Idle
+// registrations are kept only where keeping them pins nothing (no verbs),
+// unless AMI_RCACHE_IDLE says otherwise.
+std::unique_ptr<detail::RegistrationCache> Client::Impl::make_cache() {
+  detail::RegistrationCache::Limits limits;
+  limits.max_entries = u32(config, "AMI_RCACHE_MAX_ENTRIES");
+  limits.max_bytes = config.number("AMI_RCACHE_MAX_MB") << 20;
+  limits.idle = static_cast<std::uint32_t>(config.number_or_auto("AMI_RCACHE_IDLE").value_or(verbs ? 0 : 64));
+  auto reg = [this](void* address, std::size_t length, RemoteKey& key, std::uint32_t& lkey) {
+    return register_region(key, address, length, lkey);
+  };
+  auto dereg = [this](std::uint32_t region) { regions.remove(region); };
+  return std::make_unique<detail::RegistrationCache>(reg, dereg, limits,
+                                                     static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)));
 }
 
 Client::~Client() = default;

@@ -64,6 +64,24 @@ constexpr ParamSpec kTable[] = {
      "Bytes per receive buffer, so the largest packet over verbs."},
     {"AMI_MAX_REGIONS", "4096", ParamType::unsigned_int, 1, 1u << 20,
      "Memory registrations a client holds at once."},
+    {"AMI_RNDV_MODE", "auto", ParamType::choice, 0, 0,
+     "What a receiver does when it stops an eager message: discard_get (drop the eager packets, "
+     "GET it all), split_get (keep them, GET the rest from both ends), stop_put (the sender PUTs "
+     "the rest into the receive buffer), or auto: stop_put when stopping at the first packet, "
+     "split_get later.", false, "auto|discard_get|split_get|stop_put"},
+    {"AMI_RNDV_CROSSOVER", "auto", ParamType::unsigned_int, 0, 1ull << 40,
+     "Eager bytes still to come above which a receiver stops a message and moves the rest by "
+     "RDMA: auto (the backend's figure for the lane) or bytes.", true},
+    {"AMI_RNDV_LOW_WATER", "75", ParamType::unsigned_int, 1, 100,
+     "Percent of a context's reception buffers in use at which it stops every eager message it "
+     "can."},
+    {"AMI_RCACHE_MAX_ENTRIES", "256", ParamType::unsigned_int, 1, 1u << 20,
+     "Registrations each context's registration cache holds (in use and idle)."},
+    {"AMI_RCACHE_MAX_MB", "4096", ParamType::unsigned_int, 1, 1u << 30,
+     "MiB of memory each context's registration cache keeps registered (pinned, on verbs)."},
+    {"AMI_RCACHE_IDLE", "auto", ParamType::unsigned_int, 0, 1u << 20,
+     "Idle registrations kept for reuse: auto keeps 64 without verbs and none with it (a pinned "
+     "registration kept past free() would point at the old pages).", true},
 };
 
 constexpr std::uint64_t kAuto = ~std::uint64_t{0};
@@ -75,6 +93,18 @@ bool parse(const ParamSpec& spec, std::string_view text, std::uint64_t& out) {
   }
   switch (spec.type) {
     case ParamType::text: return true;
+    case ParamType::choice: {
+      std::string_view rest = spec.choices;
+      for (std::uint64_t i = 0;; ++i) {
+        const std::size_t bar = rest.find('|');
+        if (rest.substr(0, bar) == text) {
+          out = i;
+          return true;
+        }
+        if (bar == std::string_view::npos) return false;
+        rest.remove_prefix(bar + 1);
+      }
+    }
     case ParamType::boolean:
       if (text == "1" || text == "y" || text == "yes" || text == "true" || text == "on") {
         out = 1;

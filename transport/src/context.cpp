@@ -11,7 +11,13 @@ Context::~Context() = default;
 
 std::uint16_t Context::index() const { return impl_->index; }
 Client& Context::client() const { return impl_->client; }
-const ContextStats& Context::stats() const { return impl_->stats; }
+const ContextStats& Context::stats() const {
+  const detail::RegistrationCache::Counters& c = impl_->cache->counters();
+  impl_->stats.rcache_hits = c.hits;
+  impl_->stats.rcache_misses = c.misses;
+  impl_->stats.rcache_evictions = c.evictions;
+  return impl_->stats;
+}
 
 Status Context::set_dispatch(std::uint16_t id, Dispatch dispatch) {
   return impl_->engine.set_dispatch(id, dispatch);

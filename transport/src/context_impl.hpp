@@ -7,6 +7,7 @@
 
 #include "ami/context.hpp"
 #include "protocol/eager/am_engine.hpp"
+#include "registration_cache.hpp"
 #include "shm_backend/shm_device.hpp"
 #include "transport/self/self_device.hpp"
 #include "verbs_backend/verbs_device.hpp"
@@ -19,12 +20,14 @@ struct ContextImpl {
   // its progress would only ever find nothing.
   ContextImpl(Client& client, std::uint16_t index, self::SelfDomain& self_domain,
               shm::ShmDomain& shm_domain, verbs::VerbsDomain* verbs_domain, std::uint32_t fifo_depth,
-              protocol::AmEngine::Shape shape, bool use_shm, bool use_verbs)
+              protocol::AmEngine::Shape shape, bool use_shm, bool use_verbs,
+              std::unique_ptr<RegistrationCache> cache)
       : client(client), index(index), self_device(self_domain, index, fifo_depth),
         shm_device(shm_domain, index, fifo_depth), verbs_domain(verbs_domain),
         verbs_device(verbs_domain ? std::make_unique<verbs::VerbsDevice>(*verbs_domain, index, fifo_depth)
                                   : nullptr),
-        engine(shape, stats) {
+        cache(std::move(cache)), engine(shape, stats) {
+    engine.set_registrar(this->cache.get());
     engine.add_device(self_device);  // priority order: self, shm, verbs
     if (use_shm) engine.add_device(shm_device);
     if (verbs_device && use_verbs) engine.add_device(*verbs_device);
@@ -39,6 +42,9 @@ struct ContextImpl {
   shm::ShmDevice shm_device;
   verbs::VerbsDomain* verbs_domain;
   std::unique_ptr<verbs::VerbsDevice> verbs_device;
+  // Registrations the engine makes for rendezvous buffers; released by the
+  // engine before it goes, deregistered (if idle) before the devices go.
+  std::unique_ptr<RegistrationCache> cache;
   protocol::AmEngine engine;
 };
 

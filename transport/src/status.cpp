@@ -41,8 +41,22 @@ Error::Error(const std::string& call, int err) : std::runtime_error(call + ": " 
 std::string_view malformed_reason_name(std::size_t i) {
   static constexpr std::string_view kNames[ContextStats::kMalformedReasons] = {
       "truncated", "bad_magic", "bad_version", "bad_type", "bad_flags",
-      "bad_length", "bad_offset", "out_of_sequence", "bad_origin"};
+      "bad_length", "bad_offset", "out_of_sequence", "bad_origin", "bad_rendezvous"};
   return i < ContextStats::kMalformedReasons ? kNames[i] : "unknown";
+}
+
+}  // namespace ami
+
+namespace ami {
+
+std::string_view stop_reason_name(std::size_t i) {
+  static constexpr std::string_view kNames[] = {"no_buffer", "zero_copy", "reception_low", "large"};
+  return i < std::size(kNames) ? kNames[i] : "unknown";
+}
+
+std::string_view stop_mode_name(std::size_t i) {
+  static constexpr std::string_view kNames[] = {"discard_get", "split_get", "stop_put"};
+  return i < std::size(kNames) ? kNames[i] : "unknown";
 }
 
 }  // namespace ami

@@ -18,7 +18,8 @@
 
 namespace ami {
 
-enum class ParamType : std::uint8_t { unsigned_int, power_of_two, boolean, text };
+// choice: one of the words in ParamSpec::choices; number() is its position.
+enum class ParamType : std::uint8_t { unsigned_int, power_of_two, boolean, text, choice };
 
 struct ParamSpec {
   std::string_view name;  // AMI_...
@@ -28,6 +29,7 @@ struct ParamSpec {
   std::uint64_t max = 0;
   std::string_view doc;
   bool allows_auto = false;  // "auto" is a value too: the backend decides (number_or_auto)
+  std::string_view choices = {};  // choice: the allowed words, '|'-separated
 };
 
 // The table.

@@ -8,6 +8,11 @@
 // when every byte is in place. A null buffer discards the data (counted in
 // the statistics); done still runs. The spans are valid only during the
 // call: copy what you keep.
+//
+// A message longer than one packet starts eagerly and its receiver may stop
+// it (DESIGN.md, method 2; protocol/rndv/policy.hpp says when): the rest
+// then comes by RDMA GET or PUT, and done runs once every byte is in place
+// either way.
 #pragma once
 
 #include <cstddef>
@@ -28,9 +33,17 @@ struct Incoming {
   std::size_t total_bytes = 0;
 };
 
+class Memory;
+
 struct Receive {
   void* buffer = nullptr;  // in.total_bytes long, owned by the handler's caller
   Callback done;
+  // Optional: buffer lies inside this registration, so a rendezvous uses it
+  // instead of registering the buffer itself.
+  const Memory* memory = nullptr;
+  // Ask for the data by GET or PUT straight into buffer rather than through
+  // bounce buffers: the receiver stops the sender's eager packets at once.
+  bool zero_copy = false;
 };
 
 using DispatchFn = void (*)(void* cookie, const Incoming& in, Receive* recv);

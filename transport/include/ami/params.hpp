@@ -17,6 +17,10 @@ struct SendParams {
   std::span<const std::byte> payload;  // any size; read until local_done
   Callback local_done;                 // payload buffer reusable
   Callback remote_done;                // the target's done ran (optional)
+  // Optional: the payload lies inside this registration. A message longer
+  // than one packet needs its buffer registered for the receiver's GET;
+  // without this, the context's registration cache does it.
+  const Memory* memory = nullptr;
 };
 
 struct SendImmediateParams {

@@ -24,9 +24,36 @@ struct ContextStats {
   std::uint64_t unknown_dispatch = 0;   // arrivals for an unregistered id, dropped
   std::uint64_t discarded_bytes = 0;    // payload a handler gave no buffer for
   std::uint64_t malformed_packets = 0;  // dropped; by reason below
-  static constexpr std::size_t kMalformedReasons = 9;
+  static constexpr std::size_t kMalformedReasons = 10;
   std::array<std::uint64_t, kMalformedReasons> malformed_by_reason{};
+
+  // The rendezvous (eager SEND, receiver STOP, GET or PUT). Sender side:
+  std::uint64_t rndv_sent = 0;          // messages a receiver could stop (more than one packet)
+  std::uint64_t rndv_unregistered = 0;  // sent eagerly only: the buffer could not be registered
+  std::uint64_t rndv_stopped = 0;       // of rndv_sent, stopped by their receiver
+  std::uint64_t rndv_put_bytes = 0;     // moved by stop_put
+  // Receiver side: every decision of the stop policy (protocol/rndv/policy.hpp)
+  // and the inputs that made it stop.
+  std::uint64_t rndv_decisions = 0;
+  static constexpr std::size_t kStopReasons = 4;  // no_buffer, zero_copy, reception_low, large
+  std::array<std::uint64_t, kStopReasons> rndv_stops_by_reason{};
+  static constexpr std::size_t kStopModes = 3;  // discard_get, split_get, stop_put
+  std::array<std::uint64_t, kStopModes> rndv_stops_by_mode{};
+  unsigned reception_load_max = 0;        // highest reception load (percent) a decision saw
+  std::uint64_t rndv_eager_complete = 0;  // stoppable messages that arrived whole, eagerly
+  std::uint64_t rndv_get_bytes = 0;       // fetched by discard_get and split_get
+  std::uint64_t rndv_late_bytes = 0;      // eager bytes that arrived after a stop
+  std::uint64_t acks_sent = 0;
+  std::uint64_t acks_received = 0;
+  // The context's registration cache.
+  std::uint64_t rcache_hits = 0;
+  std::uint64_t rcache_misses = 0;
+  std::uint64_t rcache_evictions = 0;
 };
+
+// Names of rndv_stops_by_reason[i] and rndv_stops_by_mode[i].
+std::string_view stop_reason_name(std::size_t i);
+std::string_view stop_mode_name(std::size_t i);
 
 // Name of malformed_by_reason[i]: "truncated", "bad_magic", ..., "out_of_sequence".
 std::string_view malformed_reason_name(std::size_t i);

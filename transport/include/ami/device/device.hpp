@@ -47,6 +47,10 @@ class Lane {
   virtual std::size_t max_packet() const = 0;
   // Delivers in injection order (a single RC QP or ring does).
   virtual bool ordered() const { return true; }
+  // The backend's estimate of the message size above which moving the rest
+  // of a message by GET or PUT beats more eager packets through the bounce
+  // path on this lane. An input of the receiver's stop policy.
+  virtual std::uint64_t rdma_crossover() const { return std::uint64_t{64} << 10; }
   // Doorbell: descriptors up to fifo().injected() are committed.
   virtual void ring() = 0;
 
@@ -66,6 +70,9 @@ class Device {
   // Moves descriptors and counters, and hands up to budget arrivals to sink.
   // Returns how much work was done (0: idle).
   virtual std::size_t progress(PacketSink& sink, std::size_t budget) = 0;
+  // How much of the context's reception buffers (queue cells, posted receive
+  // buffers) is in use, in percent: an input of the receiver's stop policy.
+  virtual unsigned reception_load() const { return 0; }
 };
 
 }  // namespace ami::device

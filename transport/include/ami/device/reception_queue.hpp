@@ -14,6 +14,7 @@
 // scribbling on the header later cannot steer writes outside the ring.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -157,6 +158,13 @@ class ReceptionQueue {
       out.origin = Origin{c->origin_task, c->origin_context, c->kind};
       return true;
     }
+  }
+  // Cells reserved by producers and not yet released by the consumer: how
+  // full the queue is, as the consumer sees it (a hint, not a promise).
+  std::uint32_t occupancy() const {
+    const std::uint64_t tail = header_->tail.load(std::memory_order_relaxed);
+    const std::uint64_t head = header_->head.load(std::memory_order_relaxed);
+    return tail > head ? static_cast<std::uint32_t>(std::min<std::uint64_t>(tail - head, depth_)) : 0;
   }
   // Hands the cell peek() returned back to the producers.
   void release() {

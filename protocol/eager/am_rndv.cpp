@@ -1,0 +1,208 @@
+// protocol/eager/am_rndv.cpp — the rendezvous: the receiver's stop and its
+// GETs, the sender's answer (cts, or PUT and fin), and the records of
+// stopped messages. See am_engine.hpp for the sequence.
+#include <algorithm>
+
+#include "protocol/eager/am_engine.hpp"
+
+namespace ami::protocol {
+
+namespace {
+constexpr std::size_t kBadRendezvous = 9;  // ContextStats::malformed_by_reason
+}  // namespace
+
+// Runs the stop policy for the message streaming from peer.
+void AmEngine::consider_stop(Peer& peer, bool first_packet) {
+  const Reassembly& rx = peer.rx;
+  const rndv::Inputs in{.total = rx.total,
+                        .received = rx.received,
+                        .first_packet = first_packet,
+                        .has_buffer = rx.buffer != nullptr,
+                        .zero_copy = rx.zero_copy,
+                        .reception_load = peer.device->reception_load(),
+                        .low_water = shape_.rndv_low_water,
+                        .crossover = shape_.rndv_crossover.value_or(peer.lane->rdma_crossover()),
+                        .configured = shape_.rndv_mode};
+  ++stats_.rndv_decisions;
+  stats_.reception_load_max = std::max(stats_.reception_load_max, in.reception_load);
+  const rndv::Decision d = rndv::decide(in);
+  if (d.stop) stop(peer, d);
+}
+
+// Stops the streaming message: a record for it, the stop packet, and the
+// GETs its mode starts with. False (the message goes on eagerly) when no
+// record is free or the receive buffer cannot be registered.
+bool AmEngine::stop(Peer& peer, const rndv::Decision& d) {
+  Reassembly& rx = peer.rx;
+  if (inbound_free_.empty()) return false;
+  Inbound& in = inbound_[inbound_free_.back()];
+  const std::uint32_t index = in.index;
+  const std::uint32_t generation = (in.generation + 1) & 0x7FFFFFFFu;
+  in = Inbound{};
+  in.index = index;
+  in.generation = generation;
+  in.engine = this;
+  in.peer = static_cast<std::uint32_t>(&peer - peers_.data());
+  in.message_id = rx.message_id;
+  in.total = rx.total;
+  in.buffer = rx.buffer;
+  in.done = rx.done;
+  in.wants_remote_done = rx.wants_remote_done;
+  in.answer_flags = rx.answer_flags;
+  in.mode = d.mode;
+  in.source = rx.source;
+  if (in.buffer != nullptr) {
+    const Memory* m = rx.memory;
+    const auto* base = m != nullptr && m->valid() ? static_cast<const std::byte*>(m->address()) : nullptr;
+    if (base != nullptr && in.buffer >= base &&
+        m->covers(static_cast<std::uint64_t>(in.buffer - base), in.total)) {
+      in.registration = device::Registration{m->remote_key(), m->local_key(), kBorrowed};
+    } else if (registrar_ == nullptr || !registrar_->acquire(in.buffer, in.total, in.registration).ok()) {
+      return false;
+    } else {
+      in.owns_registration = true;
+    }
+    in.has_registration = true;
+  }
+  in.live = true;
+  inbound_free_.pop_back();
+  rx.stopped = &in;
+  ++stats_.rndv_stops_by_reason[static_cast<std::size_t>(d.reason)];
+  ++stats_.rndv_stops_by_mode[static_cast<std::size_t>(d.mode) - 1];
+
+  Control c{.type = wire::PacketType::stop, .mode = static_cast<std::uint16_t>(d.mode),
+            .id = rx.message_id, .offset = in.id(), .total = rx.total};
+  if (d.mode == wire::StopMode::stop_put)
+    c.info = wire::RendezvousInfo{in.registration.key, reinterpret_cast<std::uintptr_t>(in.buffer)};
+  push_control(peer, c);
+  if (in.buffer != nullptr) {
+    if (d.mode == wire::StopMode::discard_get) {
+      get(peer, in, 0, in.total);
+    } else if (d.mode == wire::StopMode::split_get) {
+      // The bottom half of what is missing, at once; the eager packets still
+      // in flight fill in from the top, and the cts says where they ended.
+      std::uint64_t bottom = rx.received + (in.total - rx.received) / 2;
+      bottom = std::max(rx.received, bottom & ~std::uint64_t{63});
+      in.bottom = bottom;
+      if (bottom < in.total) get(peer, in, bottom, in.total - bottom);
+    }
+  }
+  check_inbound(in);
+  return true;
+}
+
+void AmEngine::get(Peer& peer, Inbound& in, std::uint64_t offset, std::uint64_t bytes) {
+  ++in.gets_pending;
+  push_control(peer, Control{.type = wire::PacketType::ack, .offset = offset, .total = bytes, .get = &in});
+}
+
+void AmEngine::on_get_done(void* cookie, Status s) {
+  auto& in = *static_cast<Inbound*>(cookie);
+  --in.gets_pending;
+  if (!s.ok() && in.failure.ok()) in.failure = s;
+  in.engine->check_inbound(in);
+}
+
+// Done runs once every byte is in place, and the sender gets its ack; the
+// record goes once the sender's cts or fin has come too.
+void AmEngine::check_inbound(Inbound& in) {
+  const bool placed = in.gets_pending == 0 && (in.end_seen || in.mode == wire::StopMode::discard_get);
+  if (placed && !in.in_place) {
+    in.in_place = true;
+    if (in.owns_registration) registrar_->release(in.registration);
+    in.owns_registration = false;
+    if (in.done) in.done(in.failure);
+    std::uint16_t flags = in.answer_flags;
+    if (!in.failure.ok()) flags |= wire::kFailed;
+    if (in.mode != wire::StopMode::stop_put || in.wants_remote_done)
+      ack(peers_[in.peer], in.message_id, flags, in.wants_remote_done);
+  }
+  if (in.in_place && in.end_seen) {
+    Peer& peer = peers_[in.peer];
+    if (peer.rx.stopped == &in) peer.rx = Reassembly{};
+    in.live = false;
+    inbound_free_.push_back(in.index);
+  }
+}
+
+AmEngine::Inbound* AmEngine::find_inbound(std::uint64_t id) {
+  if ((id >> 63) == 0) return nullptr;
+  const auto index = static_cast<std::uint32_t>(id & 0xFFFFFFFFu);
+  const auto generation = static_cast<std::uint32_t>((id >> 32) & 0x7FFFFFFFu);
+  if (index >= inbound_.size()) return nullptr;
+  Inbound& in = inbound_[index];
+  return (in.live && in.generation == generation) ? &in : nullptr;
+}
+
+// Sender: the receiver stopped message v.message_id. No more eager packets;
+// the answer follows the last one on the lane: a cts with the eager byte
+// count, or (stop_put) the PUT of the rest and then a fin.
+void AmEngine::on_stop(Peer& peer, const wire::PacketView& v) {
+  Request* r = pool_.find(v.header.message_id);
+  if (r == nullptr || r->kind != Request::Kind::send || !r->rndv || !r->verdict_pending || r->stopped ||
+      r->peer != static_cast<std::uint32_t>(&peer - peers_.data())) {
+    count_malformed(kBadRendezvous);
+    return;
+  }
+  const auto mode = static_cast<wire::StopMode>(v.header.dispatch);
+  wire::RendezvousInfo target;
+  if (mode == wire::StopMode::stop_put && !wire::RendezvousInfo::decode(v.payload, r->total, target)) {
+    count_malformed(kBadRendezvous);
+    return;
+  }
+  r->stopped = true;
+  r->stop_record = v.header.offset;
+  r->eager_end = r->sent;  // inject_send stops here
+  ++stats_.rndv_stopped;
+  // Cut short, the eager packets' last one carried no callback: the answer
+  // carries r's local completion, so r lives until it is sent.
+  const bool cut_short = r->sent < r->total;
+  Control c{.type = wire::PacketType::cts, .id = v.header.offset, .offset = r->sent, .total = r->total,
+            .owner = cut_short ? r : nullptr};
+  if (mode == wire::StopMode::stop_put) {
+    c.type = wire::PacketType::fin;
+    c.info = target;
+    if (cut_short) c.mode = Control::kPutPending;
+    r->verdict_pending = false;  // nothing comes back but a remote-done, if asked
+  }
+  push_control(peer, c);
+  settle(*r);
+}
+
+// Sender: the PUT of a stop_put completed; its fin may go now.
+void AmEngine::on_put_done(void* cookie, Status s) {
+  auto& r = *static_cast<Request*>(cookie);
+  AmEngine& e = *r.engine;
+  if (!s.ok() && r.failure.ok()) r.failure = s;
+  Peer& peer = e.peers_[r.peer];
+  for (Control& c : peer.controls) {
+    if (c.owner != &r || c.type != wire::PacketType::fin) continue;
+    c.mode = 0;
+    if (!s.ok()) c.flags = wire::kFailed;
+    break;
+  }
+  e.mark_busy(peer);
+}
+
+// Receiver: the sender's cts or fin. Every eager packet of the message is
+// in; a split_get GETs the middle neither the eager packets nor its first
+// GET covered.
+void AmEngine::on_end(Peer& peer, const wire::PacketView& v) {
+  Inbound* in = find_inbound(v.header.message_id);
+  const bool fin = v.type() == wire::PacketType::fin;
+  if (in == nullptr || in->end_seen || &peers_[in->peer] != &peer || v.header.total_len != in->total ||
+      fin != (in->mode == wire::StopMode::stop_put) || (!fin && v.header.flags != 0)) {
+    count_malformed(kBadRendezvous);
+    return;
+  }
+  in->end_seen = true;
+  if (peer.rx.stopped == in) peer.rx = Reassembly{};  // its eager stream is over
+  const std::uint64_t eager = v.header.offset;
+  if (fin && (v.header.flags & wire::kFailed) && in->failure.ok())
+    in->failure = {StatusCode::remote_access, "receive: the sender's PUT of the message failed"};
+  if (in->mode == wire::StopMode::split_get && in->buffer != nullptr && eager < in->bottom)
+    get(peer, *in, eager, in->bottom - eager);
+  check_inbound(*in);
+}
+
+}  // namespace ami::protocol

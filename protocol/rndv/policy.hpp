@@ -1,0 +1,54 @@
+// protocol/rndv/policy.hpp — when a receiver stops an eager message, and how
+// the rest of it travels (DESIGN.md, method 2).
+//
+// The sender of a message longer than one packet always starts eagerly and
+// never decides anything; its receiver runs decide() when the first packet
+// arrives and again with every later eager packet, until it stops the
+// message or the message is complete. The inputs are data-flow conditions
+// at the receiver, each counted in ContextStats when it causes a stop:
+//  - no_buffer: the handler gave no buffer (it discards the data): stop the
+//    sender wasting the lane on bytes nobody keeps;
+//  - zero_copy: the handler asked for the data by RDMA straight into its buffer;
+//  - reception_low: the context's reception buffers (queue cells, posted
+//    receive buffers) are in use past AMI_RNDV_LOW_WATER percent;
+//  - large: the eager bytes still to come exceed the lane's crossover, the
+//    size above which GET or PUT moves data faster than the bounce path
+//    (Lane::rdma_crossover(), or AMI_RNDV_CROSSOVER).
+// The mode is AMI_RNDV_MODE's unless that is auto: stop_put when stopping at
+// the first packet (the receive buffer is known, so the sender can PUT the
+// rest in one go), split_get later (keep what came, GET the rest from the
+// bottom while the eager packets still in flight fill in from the top). A
+// message whose data is discarded is stopped with discard_get and nothing is
+// fetched.
+#pragma once
+
+#include <cstdint>
+
+#include "protocol/wire/packet.hpp"
+
+namespace ami::protocol::rndv {
+
+enum class Mode : std::uint8_t { automatic, discard_get, split_get, stop_put };  // AMI_RNDV_MODE order
+enum class StopReason : std::uint8_t { no_buffer, zero_copy, reception_low, large };
+
+struct Inputs {
+  std::uint64_t total = 0;     // message bytes
+  std::uint64_t received = 0;  // eager bytes in place so far
+  bool first_packet = false;   // deciding at the first packet
+  bool has_buffer = true;
+  bool zero_copy = false;
+  unsigned reception_load = 0;     // percent
+  unsigned low_water = 75;         // AMI_RNDV_LOW_WATER
+  std::uint64_t crossover = 0;     // bytes
+  Mode configured = Mode::automatic;
+};
+
+struct Decision {
+  bool stop = false;
+  StopReason reason = StopReason::large;
+  wire::StopMode mode = wire::StopMode::discard_get;
+};
+
+Decision decide(const Inputs& in);
+
+}  // namespace ami::protocol::rndv
