@@ -64,6 +64,8 @@ VerbsDevice::~VerbsDevice() {
   }
 }
 
+std::uint64_t VerbsLane::max_rdma() const { return device_.domain_.port().max_msg; }
+
 unsigned VerbsDevice::reception_load() const {
   const std::uint32_t depth = domain_.options().srq_depth;
   const std::uint32_t posted = std::min(queues_.receives_posted, depth);

@@ -58,6 +58,7 @@ class VerbsLane final : public device::Lane {
   // An RDMA READ costs a round trip but no copy on either side; every
   // bounce buffer is one copy at each end.
   std::uint64_t rdma_crossover() const override { return std::uint64_t{32} << 10; }
+  std::uint64_t max_rdma() const override;
   // Posts every committed descriptor it can (the staging ring may hold some
   // back until completions free it); never runs callbacks.
   void ring() override;

@@ -338,16 +338,21 @@ bool AmEngine::inject_control(Peer& peer, Control& c) {
     c.info.encode(d->packet.inline_data + k);
     finish_packet(*d, k + wire::RendezvousInfo::kBytes, {});
   } else if (c.type == wire::PacketType::fin && c.mode == Control::kPutPending) {
-    // The PUT of a stop_put: [E, total) of the send buffer into the receive buffer.
+    // The PUT of a stop_put, [E, total) of the send buffer into the receive
+    // buffer, in pieces the lane carries.
+    const std::uint64_t n = std::min(r->total - c.cursor, peer.lane->max_rdma());
     d->kind = device::DescriptorKind::put;
-    d->rdma = device::RdmaDescriptor{.local = const_cast<std::byte*>(r->payload) + c.offset,
-                                     .length = r->total - c.offset,
+    d->rdma = device::RdmaDescriptor{.local = const_cast<std::byte*>(r->payload) + c.cursor,
+                                     .length = n,
                                      .local_key = r->registration.local_key,
-                                     .remote_address = c.info.address + c.offset,
+                                     .remote_address = c.info.address + c.cursor,
                                      .remote = c.info.key};
     peer.lane->fifo().commit(Callback{&AmEngine::on_put_done, r});
-    stats_.rndv_put_bytes += r->total - c.offset;
-    c.mode = Control::kPutInFlight;  // the fin itself goes once the PUT has completed
+    ++r->puts_pending;
+    stats_.rndv_put_bytes += n;
+    c.cursor += n;
+    // The fin itself goes once every piece has completed.
+    if (c.cursor == r->total) c.mode = Control::kPutInFlight;
     return true;
   } else {
     build_packet(*d, wire::make_header(c.type, c.mode, c.id, c.total, c.offset, 0, 0, c.flags), {}, {});
@@ -373,14 +378,11 @@ std::size_t AmEngine::service(Peer& peer) {
     Control& c = peer.controls[sent];
     if (c.type == wire::PacketType::fin && c.mode == Control::kPutInFlight) break;
     if (!inject_control(peer, c)) break;
-    if (c.type == wire::PacketType::fin && c.mode == Control::kPutInFlight) {
-      ++work;
-      break;
-    }
+    ++work;
+    if (c.type == wire::PacketType::fin && c.mode != 0) continue;  // more pieces, or their completion
     ++sent;
   }
   peer.controls.erase(peer.controls.begin(), peer.controls.begin() + static_cast<std::ptrdiff_t>(sent));
-  work += sent;
   if (!peer.controls.empty()) {
     if (work != 0) peer.lane->ring();
     return work;

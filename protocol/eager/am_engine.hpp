@@ -131,6 +131,7 @@ class AmEngine final : public device::PacketSink {
     std::uint64_t id = 0;       // header message_id
     std::uint64_t offset = 0;   // header offset
     std::uint64_t total = 0;    // header total_len
+    std::uint64_t cursor = 0;   // fin of a stop_put: the next byte to PUT
     Request* owner = nullptr;   // sender side: cts, fin or the PUT of a stop_put
     Inbound* get = nullptr;     // receiver side: not a packet but a GET of [offset, offset + total)
     wire::RendezvousInfo info{};  // stop with stop_put: the receive buffer

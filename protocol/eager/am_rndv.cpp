@@ -91,9 +91,16 @@ bool AmEngine::stop(Peer& peer, const rndv::Decision& d) {
   return true;
 }
 
+// GETs [offset, offset + bytes) of the message, in pieces the lane carries.
 void AmEngine::get(Peer& peer, Inbound& in, std::uint64_t offset, std::uint64_t bytes) {
-  ++in.gets_pending;
-  push_control(peer, Control{.type = wire::PacketType::ack, .offset = offset, .total = bytes, .get = &in});
+  const std::uint64_t piece = peer.lane->max_rdma();
+  while (bytes != 0) {
+    const std::uint64_t n = std::min(bytes, piece);
+    ++in.gets_pending;
+    push_control(peer, Control{.type = wire::PacketType::ack, .offset = offset, .total = n, .get = &in});
+    offset += n;
+    bytes -= n;
+  }
 }
 
 void AmEngine::on_get_done(void* cookie, Status s) {
@@ -158,7 +165,7 @@ void AmEngine::on_stop(Peer& peer, const wire::PacketView& v) {
   // carries r's local completion, so r lives until it is sent.
   const bool cut_short = r->sent < r->total;
   Control c{.type = wire::PacketType::cts, .id = v.header.offset, .offset = r->sent, .total = r->total,
-            .owner = cut_short ? r : nullptr};
+            .cursor = r->sent, .owner = cut_short ? r : nullptr};
   if (mode == wire::StopMode::stop_put) {
     c.type = wire::PacketType::fin;
     c.info = target;
@@ -169,16 +176,20 @@ void AmEngine::on_stop(Peer& peer, const wire::PacketView& v) {
   settle(*r);
 }
 
-// Sender: the PUT of a stop_put completed; its fin may go now.
+// Sender: a piece of a stop_put's PUT completed; after the last, the fin
+// may go (saying whether every piece arrived).
 void AmEngine::on_put_done(void* cookie, Status s) {
   auto& r = *static_cast<Request*>(cookie);
   AmEngine& e = *r.engine;
   if (!s.ok() && r.failure.ok()) r.failure = s;
+  --r.puts_pending;
   Peer& peer = e.peers_[r.peer];
   for (Control& c : peer.controls) {
     if (c.owner != &r || c.type != wire::PacketType::fin) continue;
-    c.mode = 0;
-    if (!s.ok()) c.flags = wire::kFailed;
+    if (c.mode == Control::kPutInFlight && r.puts_pending == 0) {
+      c.mode = 0;
+      if (!r.failure.ok()) c.flags = wire::kFailed;
+    }
     break;
   }
   e.mark_busy(peer);

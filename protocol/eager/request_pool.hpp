@@ -55,6 +55,7 @@ struct Request {
   device::Registration registration{};
   std::uint64_t eager_end = 0;   // eager bytes to send: total, or what was sent at a stop
   std::uint32_t packets = 0;     // eager packets sent (their size grows)
+  std::uint32_t puts_pending = 0;  // stop_put: pieces of the PUT not yet complete
   bool stopped = false;
 
   // rdma

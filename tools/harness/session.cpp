@@ -100,12 +100,15 @@ void put(Context& c, const RdmaParams& p) {
 }
 
 // Sends len bytes from buf: immediately when it fits, else with send().
-Status send_data(Context& c, Endpoint to, const std::byte* buf, std::size_t len, Callback done = {}) {
+// memory: buf's registration, so a message the receiver stops needs none
+// of its own (perftest registers its buffers once, too).
+Status send_data(Context& c, Endpoint to, const std::byte* buf, std::size_t len, const Memory* memory,
+                 Callback done = {}) {
   if (!done && len <= c.immediate_limit(to)) {
     Status s = c.send_immediate({.dest = to, .dispatch = kData, .payload = {buf, len}});
     if (s != StatusCode::no_resource) return s;
   }
-  return c.send({.dest = to, .dispatch = kData, .payload = {buf, len}, .local_done = done});
+  return c.send({.dest = to, .dispatch = kData, .payload = {buf, len}, .local_done = done, .memory = memory});
 }
 
 Control read_control(const Incoming& in) {
@@ -118,6 +121,7 @@ class Server {
  public:
   Server(Client& client, Context& c, Endpoint peer, const Options& o)
       : client_(client), c_(c), peer_(peer), o_(o), buffer_(max_size(o) + 64) {
+    check(client_.register_memory(buffer_.data(), buffer_.size(), buffer_memory_));
     check(c_.set_dispatch(kData, {&Server::on_data, this}));
     check(c_.set_dispatch(kControl, {&Server::on_control, this}));
   }
@@ -132,7 +136,7 @@ class Server {
   static void check(Status s) {
     if (!s.ok()) throw Error("server: " + to_string(s));
   }
-  void echo(std::size_t len) { check(send_data(c_, peer_, buffer_.data(), len)); }
+  void echo(std::size_t len) { check(send_data(c_, peer_, buffer_.data(), len, &buffer_memory_)); }
   void write_back() {
     const std::size_t max = max_size(o_);
     set_source_tag(memory_, max, size_, expect_);
@@ -148,11 +152,12 @@ class Server {
     const bool latency = s->o_.test == Test::send_lat;
     if (recv != nullptr) {  // a multi-packet message: into the buffer, echo when whole
       recv->buffer = s->buffer_.data();
+      recv->memory = &s->buffer_memory_;
       s->pending_ = in.total_bytes;
       if (latency) recv->done = {&Server::on_echo_ready, s};
       return;
     }
-    if (latency) check(send_data(s->c_, s->peer_, in.payload.data(), in.payload.size()));
+    if (latency) check(send_data(s->c_, s->peer_, in.payload.data(), in.payload.size(), nullptr));
   }
   static void on_control(void* self, const Incoming& in, Receive*) {
     auto* s = static_cast<Server*>(self);
@@ -189,6 +194,7 @@ class Server {
   Endpoint peer_;
   const Options& o_;
   std::vector<std::byte> buffer_;
+  Memory buffer_memory_;
   Memory memory_;
   RemoteKey peer_key_{};
   std::size_t pending_ = 0;
@@ -203,6 +209,8 @@ class Driver {
   Driver(Client& client, Context& c, Endpoint peer, const Options& o)
       : client_(client), c_(c), peer_(peer), o_(o), send_(max_size(o) + 64), recv_(max_size(o) + 64) {
     for (std::size_t i = 0; i < send_.size(); ++i) send_[i] = static_cast<std::byte>(i * 13);
+    check(client_.register_memory(send_.data(), send_.size(), send_memory_));
+    check(client_.register_memory(recv_.data(), recv_.size(), recv_memory_));
     check(c_.set_dispatch(kData, {&Driver::on_data, this}));
     check(c_.set_dispatch(kControl, {&Driver::on_control, this}));
   }
@@ -281,7 +289,7 @@ class Driver {
 
   void send_round(std::size_t size) {
     replied_ = false;
-    check(send_data(c_, peer_, send_.data(), size));
+    check(send_data(c_, peer_, send_.data(), size, &send_memory_));
     wait(replied_);
   }
 
@@ -372,7 +380,7 @@ class Driver {
   Status post(std::size_t size) {
     const Callback done{&Driver::on_complete, this};
     switch (o_.test) {
-      case Test::send_bw: return send_data(c_, peer_, send_.data(), size, done);
+      case Test::send_bw: return send_data(c_, peer_, send_.data(), size, &send_memory_, done);
       case Test::write_bw:
         return c_.put({.dest = peer_, .local = &local_, .remote = key_, .bytes = size, .local_done = done});
       case Test::read_bw:
@@ -400,6 +408,7 @@ class Driver {
       return;
     }
     recv->buffer = d->recv_.data();
+    recv->memory = &d->recv_memory_;
     recv->done = {&Driver::on_reply_done, d};
   }
   static void on_control(void* self, const Incoming& in, Receive*) {
@@ -414,6 +423,7 @@ class Driver {
   Endpoint peer_;
   const Options& o_;
   std::vector<std::byte> send_, recv_;
+  Memory send_memory_, recv_memory_;
   Memory local_;
   RemoteKey key_{};
   bool have_key_ = false, replied_ = false, synced_ = false;

@@ -47,6 +47,9 @@ class Lane {
   virtual std::size_t max_packet() const = 0;
   // Delivers in injection order (a single RC QP or ring does).
   virtual bool ordered() const { return true; }
+  // Longest PUT or GET one descriptor may carry (the port's largest message
+  // on verbs); the protocol cuts longer rendezvous transfers into pieces.
+  virtual std::uint64_t max_rdma() const { return ~std::uint64_t{0}; }
   // The backend's estimate of the message size above which moving the rest
   // of a message by GET or PUT beats more eager packets through the bounce
   // path on this lane. An input of the receiver's stop policy.

@@ -1,0 +1,334 @@
+// The rendezvous pieces on their own: the stop policy, the registration
+// cache, and the protocol driven step by step over the self backend, whose
+// lanes a test can hold back and release descriptor by descriptor, so a STOP
+// lands exactly where each case says.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#include "ami/device/region_table.hpp"
+#include "protocol/eager/am_engine.hpp"
+#include "protocol/rndv/policy.hpp"
+#include "transport/self/self_device.hpp"
+#include "transport/src/registration_cache.hpp"
+
+using namespace ami;
+using protocol::rndv::Mode;
+using protocol::rndv::StopReason;
+
+TEST_CASE("stop policy: each input stops for its own reason, and the mode follows the moment") {
+  protocol::rndv::Inputs in{.total = 1 << 20, .received = 512, .first_packet = true, .has_buffer = true,
+                            .zero_copy = false, .reception_load = 10, .low_water = 75,
+                            .crossover = 1 << 20, .configured = Mode::automatic};
+  CHECK_FALSE(protocol::rndv::decide(in).stop);  // small enough for the bounce path, buffers plenty
+
+  auto d = protocol::rndv::decide([&] { auto i = in; i.crossover = 4096; return i; }());
+  CHECK(d.stop);
+  CHECK(d.reason == StopReason::large);
+  CHECK(d.mode == wire::StopMode::stop_put);  // at the first packet the buffer is known
+
+  d = protocol::rndv::decide([&] { auto i = in; i.crossover = 4096; i.first_packet = false; return i; }());
+  CHECK(d.mode == wire::StopMode::split_get);  // later: keep what came, GET the rest
+
+  d = protocol::rndv::decide([&] { auto i = in; i.reception_load = 75; return i; }());
+  CHECK(d.stop);
+  CHECK(d.reason == StopReason::reception_low);
+
+  d = protocol::rndv::decide([&] { auto i = in; i.zero_copy = true; return i; }());
+  CHECK(d.reason == StopReason::zero_copy);
+
+  d = protocol::rndv::decide([&] { auto i = in; i.has_buffer = false; i.configured = Mode::stop_put; return i; }());
+  CHECK(d.reason == StopReason::no_buffer);
+  CHECK(d.mode == wire::StopMode::discard_get);  // nothing to fetch, whatever the mode
+
+  for (Mode m : {Mode::discard_get, Mode::split_get, Mode::stop_put}) {
+    d = protocol::rndv::decide([&] { auto i = in; i.zero_copy = true; i.configured = m; return i; }());
+    CHECK(static_cast<int>(d.mode) == static_cast<int>(m));
+  }
+  // Nothing left to stop once every byte is in.
+  CHECK_FALSE(protocol::rndv::decide([&] { auto i = in; i.received = i.total; i.zero_copy = true; return i; }()).stop);
+}
+
+namespace {
+
+struct Registry {
+  device::RegionTable regions{1, 0, 64};
+  int registered = 0;
+  int deregistered = 0;
+  bool fail = false;
+  detail::RegistrationCache make(detail::RegistrationCache::Limits limits) {
+    return detail::RegistrationCache(
+        [this](void* a, std::size_t n, RemoteKey& key, std::uint32_t& lkey) {
+          if (fail) return Status{StatusCode::no_resource, "refused"};
+          ++registered;
+          lkey = 7;
+          return regions.add(a, n, key);
+        },
+        [this](std::uint32_t region) {
+          ++deregistered;
+          regions.remove(region);
+        },
+        limits, 4096);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("registration cache: whole pages, shared while in use, idle ones kept and evicted oldest first") {
+  Registry r;
+  alignas(4096) static std::byte memory[16 * 4096];
+  {
+    auto cache = r.make({.max_entries = 3, .max_bytes = 1 << 20, .idle = 2});
+    device::Registration a, b, c, d;
+    REQUIRE(cache.acquire(memory + 100, 5000, a).ok());  // pages 0-1
+    CHECK(a.key.address == reinterpret_cast<std::uintptr_t>(memory));
+    CHECK(a.key.length == 2 * 4096);
+    CHECK(a.local_key == 7);
+    REQUIRE(cache.acquire(memory + 4096, 10, b).ok());  // inside pages 0-1: shared
+    CHECK(b.key == a.key);
+    CHECK(r.registered == 1);
+    CHECK(cache.counters().hits == 1);
+    cache.release(a);
+    cache.release(b);
+    CHECK(cache.idle() == 1);
+    CHECK(r.deregistered == 0);  // kept idle
+    REQUIRE(cache.acquire(memory + 8, 8, c).ok());  // hit on the idle one
+    CHECK(r.registered == 1);
+    cache.release(c);
+
+    // Three more distinct ranges: the cache holds 3, two of them idle at most.
+    device::Registration e[3];
+    for (int i = 0; i < 3; ++i) REQUIRE(cache.acquire(memory + (4 + 3 * i) * 4096, 100, e[i]).ok());
+    CHECK(r.registered == 4);
+    CHECK(r.deregistered == 1);  // the idle one made room
+    CHECK(cache.in_use() == 3);
+    // Full of registrations in use: refused, nothing leaked.
+    Status s = cache.acquire(memory + 15 * 4096, 100, d);
+    CHECK(s == StatusCode::no_resource);
+    CHECK(to_string(s).find("AMI_RCACHE_MAX_ENTRIES") != std::string::npos);
+    for (auto& x : e) cache.release(x);
+    CHECK(cache.idle() == 2);  // the third was dropped at once
+    CHECK(r.deregistered == 2);
+    // A failed registration leaves the cache as it was.
+    r.fail = true;
+    CHECK_FALSE(cache.acquire(memory + 15 * 4096 + 8, 8, d).ok());
+    CHECK(cache.idle() == 2);
+  }
+  CHECK(r.deregistered == r.registered);  // the destructor drops the rest
+}
+
+TEST_CASE("registration cache: no idle entries (as with verbs) deregisters at the last release; bytes bound") {
+  Registry r;
+  alignas(4096) static std::byte memory[8 * 4096];
+  auto cache = r.make({.max_entries = 8, .max_bytes = 3 * 4096, .idle = 0});
+  device::Registration a, b;
+  REQUIRE(cache.acquire(memory, 2 * 4096, a).ok());
+  CHECK(cache.acquire(memory + 4 * 4096, 2 * 4096, b) == StatusCode::no_resource);  // 4 pages > 3
+  cache.release(a);
+  CHECK(r.deregistered == 1);
+  CHECK(cache.bytes() == 0);
+  CHECK(cache.acquire(nullptr, 1, b) == StatusCode::invalid_argument);
+}
+
+namespace {
+
+// Contexts 0 (a, the sender) and 1 (b, the receiver) of one task over self,
+// with registration caches, both engines advanced by hand.
+struct Rig {
+  static constexpr std::uint32_t kCell = 1024;  // packets of at most 1000 bytes
+  Registry registry;
+  self::SelfDomain domain;
+  self::SelfDevice da, db;
+  ContextStats sa, sb;
+  detail::RegistrationCache ca, cb;
+  protocol::AmEngine ea, eb;
+  std::vector<std::uint8_t> source, target;
+  int received = 0;
+  int sent = 0;
+  Status receive_status, send_status;
+
+  Rig(Mode mode, std::uint32_t fifo, std::uint32_t queue, std::optional<std::uint64_t> crossover,
+      unsigned low_water = 75)
+      : domain(0, 2, queue, kCell, registry.regions), da(domain, 0, fifo), db(domain, 1, fifo),
+        ca(registry.make({})), cb(registry.make({})),
+        ea({.tasks = 1, .contexts = 2, .max_requests = 64, .rndv_mode = mode, .rndv_crossover = crossover,
+            .rndv_low_water = low_water}, sa),
+        eb({.tasks = 1, .contexts = 2, .max_requests = 64, .rndv_mode = mode, .rndv_crossover = crossover,
+            .rndv_low_water = low_water}, sb) {
+    ea.add_device(da);
+    eb.add_device(db);
+    ea.set_registrar(&ca);
+    eb.set_registrar(&cb);
+    REQUIRE(eb.set_dispatch(3, {&Rig::handler, this}).ok());
+    REQUIRE(eb.set_dispatch(4, {+[](void*, const Incoming&, Receive*) {}, nullptr}).ok());
+  }
+  static void handler(void* c, const Incoming& in, Receive* recv) {
+    auto* r = static_cast<Rig*>(c);
+    REQUIRE(recv != nullptr);
+    r->target.assign(in.total_bytes, 0);
+    recv->buffer = r->target.data();
+    recv->done = {+[](void* c, Status s) {
+      auto* r = static_cast<Rig*>(c);
+      r->receive_status = s;
+      ++r->received;
+    }, r};
+  }
+  void send(std::size_t n) {
+    source.resize(n);
+    for (std::size_t i = 0; i < n; ++i) source[i] = static_cast<std::uint8_t>(i * 13 + (i >> 10));
+    REQUIRE(ea.send({.dest = {0, 1}, .dispatch = 3, .payload = std::as_bytes(std::span(source)),
+                     .local_done = {+[](void* c, Status s) {
+                       auto* r = static_cast<Rig*>(c);
+                       r->send_status = s;
+                       ++r->sent;
+                     }, this}}).ok());
+  }
+  // Executes what the sender's lane may carry without letting the sender's
+  // engine see completions (so it injects nothing more).
+  void carry(std::uint64_t n) {
+    da.release(1, n);
+    (void)da.progress(ea, 0);
+  }
+  void finish() {
+    da.hold(1, false);
+    for (int i = 0; i < 100000 && (received == 0 || sent == 0); ++i) {
+      (void)ea.advance();
+      (void)eb.advance();
+    }
+    REQUIRE(received == 1);
+    REQUIRE(sent == 1);
+    CHECK(receive_status.ok());
+    CHECK(send_status.ok());
+    CHECK(target == source);
+    CHECK(sa.malformed_packets == 0);
+    CHECK(sb.malformed_packets == 0);
+    for (int i = 0; i < 10; ++i) {  // acks and ends drain; records go
+      (void)ea.advance();
+      (void)eb.advance();
+    }
+    CHECK(ca.in_use() == 0);
+    CHECK(cb.in_use() == 0);
+  }
+  std::uint64_t first_payload() const { return 512; }  // eager packets start at 512 bytes
+};
+
+const Mode kModes[] = {Mode::discard_get, Mode::split_get, Mode::stop_put};
+
+}  // namespace
+
+TEST_CASE("STOP before any eager packet after the first: nothing arrives late, the rest comes by RDMA") {
+  for (Mode mode : kModes) {
+    CAPTURE(static_cast<int>(mode));
+    Rig r(mode, 4, 64, 0);
+    r.da.hold(1, true);
+    // Three held messages fill the FIFO but one slot: the big message gets
+    // only its first packet in.
+    const std::uint8_t small[4] = {1, 2, 3, 4};
+    for (int i = 0; i < 3; ++i)
+      REQUIRE(r.ea.send({.dest = {0, 1}, .dispatch = 4, .payload = std::as_bytes(std::span(small))}).ok());
+    r.send(100000 + 3);
+    r.carry(4);
+    (void)r.eb.advance();  // the header: stop
+    (void)r.eb.advance();  // the STOP leaves
+    CHECK(r.sb.rndv_decisions == 1);
+    (void)r.ea.advance();  // STOP in: nothing more goes eagerly
+    CHECK(r.sa.rndv_stopped == 1);
+    CHECK(r.sa.bytes_sent == 12 + r.first_payload());
+    r.finish();
+    CHECK(r.sb.rndv_late_bytes == 0);
+    const std::uint64_t rest = r.source.size() - r.first_payload();
+    if (mode == Mode::discard_get) CHECK(r.sb.rndv_get_bytes == r.source.size());
+    if (mode == Mode::split_get) CHECK(r.sb.rndv_get_bytes == rest);
+    if (mode == Mode::stop_put) CHECK(r.sa.rndv_put_bytes == rest);
+  }
+}
+
+TEST_CASE("STOP between eager packets: late ones are dropped by discard_get, kept by split_get and stop_put") {
+  for (Mode mode : kModes) {
+    CAPTURE(static_cast<int>(mode));
+    Rig r(mode, 8, 64, 0);
+    r.da.hold(1, true);
+    r.send(64 * 1024 + 7);  // eight packets go into the FIFO, the rest waits
+    const std::uint64_t injected = r.sa.bytes_sent;
+    r.carry(1);
+    (void)r.eb.advance();
+    (void)r.eb.advance();
+    (void)r.ea.advance();  // STOP: eight packets were injected, seven are still held
+    CHECK(r.sa.rndv_stopped == 1);
+    CHECK(r.sa.bytes_sent == injected);
+    r.finish();
+    const std::uint64_t late = injected - r.first_payload();
+    CHECK(r.sb.rndv_late_bytes == late);
+    const std::uint64_t rest = r.source.size() - injected;
+    if (mode == Mode::discard_get) {
+      CHECK(r.sb.discarded_bytes == late);
+      CHECK(r.sb.rndv_get_bytes == r.source.size());
+    } else {
+      CHECK(r.sb.discarded_bytes == 0);
+      if (mode == Mode::split_get) CHECK(r.sb.rndv_get_bytes == rest);
+      if (mode == Mode::stop_put) CHECK(r.sa.rndv_put_bytes == rest);
+    }
+  }
+}
+
+TEST_CASE("STOP after the last eager packet: the sender answers with everything sent, nothing moves twice") {
+  for (Mode mode : kModes) {
+    CAPTURE(static_cast<int>(mode));
+    Rig r(mode, 64, 64, 0);
+    r.da.hold(1, true);
+    r.send(20000 + 1);  // every packet fits in the FIFO
+    CHECK(r.sa.bytes_sent == r.source.size());
+    r.carry(1);
+    (void)r.eb.advance();
+    (void)r.eb.advance();
+    (void)r.ea.advance();
+    CHECK(r.sa.rndv_stopped == 1);
+    r.finish();
+    CHECK(r.sb.rndv_late_bytes == r.source.size() - r.first_payload());
+    CHECK(r.sa.rndv_put_bytes == 0);  // stop_put: nothing left to PUT
+    if (mode == Mode::discard_get) CHECK(r.sb.rndv_get_bytes == r.source.size());
+    // split_get GETs its bottom half before it knows; the cts says the middle is covered.
+    if (mode == Mode::split_get) CHECK(r.sb.rndv_get_bytes < r.source.size());
+  }
+}
+
+TEST_CASE("a stop decided mid-message, when reception buffers run low, keeps what came (auto: split_get)") {
+  Rig r(Mode::automatic, 64, 8, std::uint64_t{1} << 40, 50);
+  r.da.hold(1, true);
+  r.send(64 * 1024);
+  r.carry(1);
+  (void)r.eb.advance();  // 1 of 8 cells in use: go on eagerly
+  CHECK(r.sb.rndv_decisions == 1);
+  CHECK(r.sa.rndv_stopped == 0);
+  r.carry(5);
+  (void)r.eb.advance();  // 5 of 8 cells in use at the second packet: stop
+  CHECK(r.sb.rndv_stops_by_reason[2] == 1);  // reception_low
+  CHECK(r.sb.rndv_stops_by_mode[1] == 1);    // split_get
+  r.finish();
+  CHECK(r.sb.discarded_bytes == 0);
+}
+
+TEST_CASE("rendezvous packets that name nothing live are dropped and counted") {
+  Rig r(Mode::automatic, 16, 64, 0);
+  auto feed = [&](protocol::AmEngine& e, const wire::PacketHeader& h, std::size_t payload) {
+    std::vector<std::byte> p(sizeof h + payload);
+    std::memcpy(p.data(), &h, sizeof h);
+    e.on_packet({0, 1}, p);
+  };
+  feed(r.ea, wire::make_header(wire::PacketType::stop, 1, (1ull << 63) | 5, 0, 9, 0, 0), 0);
+  feed(r.eb, wire::make_header(wire::PacketType::cts, 0, (1ull << 63) | 5, 100, 10, 0, 0), 0);
+  feed(r.eb, wire::make_header(wire::PacketType::fin, 0, 12345, 100, 10, 0, 0), 0);
+  // A first packet whose key does not cover the message.
+  wire::PacketHeader h = wire::make_header(wire::PacketType::am_first, 3, (1ull << 63) | 1, 1 << 20, 0, 8, 0,
+                                           wire::kRendezvous);
+  std::vector<std::byte> p(sizeof h + wire::RendezvousInfo::kBytes + 8);
+  std::memcpy(p.data(), &h, sizeof h);
+  RemoteKey key{.job = 1, .task = 0, .region = 0, .generation = 1, .address = 4096, .length = 100};
+  wire::RendezvousInfo{key, 4096}.encode(p.data() + sizeof h);
+  r.eb.on_packet({0, 0}, p);
+  CHECK(r.sa.malformed_by_reason[9] == 1);
+  CHECK(r.sb.malformed_by_reason[9] == 3);
+  CHECK(r.received == 0);
+}
