@@ -69,6 +69,7 @@ class AmEngine final : public device::PacketSink {
   Status set_dispatch(std::uint16_t id, Dispatch dispatch);
   Status send(const SendParams& p);
   Status send_immediate(const SendImmediateParams& p);
+  Status accept(std::uint64_t id, std::byte* buffer, Callback done, const Memory* memory);
   // local/local_key: the checked local range of p.local.
   Status rdma(device::DescriptorKind kind, const RdmaParams& p, std::byte* local,
               std::uint32_t local_key);
@@ -103,6 +104,7 @@ class AmEngine final : public device::PacketSink {
     std::uint64_t bottom = 0;       // split_get: the first GET covers [bottom, total)
     bool end_seen = false;          // the cts or fin came
     bool in_place = false;          // every byte is in place (done ran)
+    bool waiting = false;           // deferred by its handler; accept() not called yet
     Status failure;
     std::uint64_t id() const { return (std::uint64_t{1} << 63) | (std::uint64_t{generation} << 32) | index; }
   };
@@ -119,8 +121,10 @@ class AmEngine final : public device::PacketSink {
     bool rndv = false;               // the sender waits for an ack, and the message may be stopped
     bool zero_copy = false;
     const Memory* memory = nullptr;
+    Deferred* defer = nullptr;       // the handler deferred it
     wire::RendezvousInfo source{};
     Inbound* stopped = nullptr;      // set once stopped: later eager packets belong to it
+    bool stop_refused = false;       // a stop failed: it goes on eagerly (still acked)
   };
   // A packet (or a PUT and then a packet) the engine owes a peer, sent
   // before the peer's queued instructions.
@@ -179,6 +183,7 @@ class AmEngine final : public device::PacketSink {
   // the rendezvous (am_rndv.cpp)
   void consider_stop(Peer& peer, bool first_packet);
   bool stop(Peer& peer, const rndv::Decision& d);
+  bool take_registration(Inbound& in, const Memory* memory);
   void get(Peer& peer, Inbound& in, std::uint64_t offset, std::uint64_t bytes);
   static void on_get_done(void* cookie, Status s);
   static void on_put_done(void* cookie, Status s);
@@ -201,6 +206,7 @@ class AmEngine final : public device::PacketSink {
   std::array<Dispatch, kMaxDispatch> dispatch_{};
   RequestPool pool_;
   std::vector<Inbound> inbound_;       // AMI_MAX_REQUESTS of them
+  std::vector<Inbound*> accepted_;     // accepted with nothing to fetch: done runs in advance()
   std::vector<std::uint32_t> inbound_free_;
 };
 

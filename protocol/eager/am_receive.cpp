@@ -14,7 +14,9 @@ constexpr std::size_t kBadRendezvous = 9;
 }  // namespace
 
 std::size_t AmEngine::advance() {
-  std::size_t work = 0;
+  std::size_t work = accepted_.size();
+  for (std::size_t i = 0; i < accepted_.size(); ++i) check_inbound(*accepted_[i]);
+  accepted_.clear();
   for (device::Device* d : devices_) work += d->progress(*this, 64);
   for (std::size_t i = 0; i < lanes_.size(); ++i) work += lanes_[i]->fifo().complete();
   for (std::size_t i = 0; i < busy_.size(); ++i) work += service(*busy_[i]);
@@ -92,7 +94,7 @@ void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {
     return;
   }
   const Incoming in{peer.endpoint, v.header.dispatch, v.user_header, v.payload,
-                    static_cast<std::size_t>(v.header.total_len)};
+                    static_cast<std::size_t>(v.header.total_len), false};
   if (whole) {
     d.fn(d.cookie, in, nullptr);
     if (wants_answer || rndv) ack(peer, v.header.message_id, 0, wants_answer);
@@ -100,11 +102,16 @@ void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {
     return;
   }
   Receive recv;
-  d.fn(d.cookie, Incoming{in.origin, in.dispatch, in.header, {}, in.total_bytes}, &recv);
+  // A message can wait for its buffer when it can be stopped and a record
+  // is free for it (stop() below then cannot fail).
+  const bool can_defer = rndv && !inbound_free_.empty();
+  d.fn(d.cookie, Incoming{in.origin, in.dispatch, in.header, {}, in.total_bytes, can_defer}, &recv);
+  Deferred* defer = can_defer && recv.buffer == nullptr ? recv.defer : nullptr;
   rx = Reassembly{.active = true, .message_id = v.header.message_id, .total = v.header.total_len,
                   .received = v.payload.size(), .buffer = static_cast<std::byte*>(recv.buffer),
                   .done = recv.done, .wants_remote_done = wants_answer, .answer_flags = 0,
-                  .rndv = rndv, .zero_copy = recv.zero_copy, .memory = recv.memory, .source = source};
+                  .rndv = rndv, .zero_copy = recv.zero_copy, .memory = recv.memory, .defer = defer,
+                  .source = source};
   if (rx.buffer != nullptr)
     std::memcpy(rx.buffer, v.payload.data(), v.payload.size());
   else
@@ -139,7 +146,7 @@ void AmEngine::on_more(Peer& peer, const wire::PacketView& v) {
   if (rx.received == rx.total) {
     if (rx.rndv) ++stats_.rndv_eager_complete;
     complete_rx(peer, Status::success());
-  } else if (rx.rndv) {
+  } else if (rx.rndv && !rx.stop_refused) {
     consider_stop(peer, false);
   }
 }

@@ -18,6 +18,7 @@ void AmEngine::consider_stop(Peer& peer, bool first_packet) {
                         .received = rx.received,
                         .first_packet = first_packet,
                         .has_buffer = rx.buffer != nullptr,
+                        .deferred = rx.defer != nullptr,
                         .zero_copy = rx.zero_copy,
                         .reception_load = peer.device->reception_load(),
                         .low_water = shape_.rndv_low_water,
@@ -26,7 +27,9 @@ void AmEngine::consider_stop(Peer& peer, bool first_packet) {
   ++stats_.rndv_decisions;
   stats_.reception_load_max = std::max(stats_.reception_load_max, in.reception_load);
   const rndv::Decision d = rndv::decide(in);
-  if (d.stop) stop(peer, d);
+  // Refused (no record free, the buffer cannot be registered): the message
+  // goes on eagerly, and is not asked again.
+  if (d.stop && !stop(peer, d)) peer.rx.stop_refused = true;
 }
 
 // Stops the streaming message: a record for it, the stop packet, and the
@@ -51,22 +54,14 @@ bool AmEngine::stop(Peer& peer, const rndv::Decision& d) {
   in.answer_flags = rx.answer_flags;
   in.mode = d.mode;
   in.source = rx.source;
-  if (in.buffer != nullptr) {
-    const Memory* m = rx.memory;
-    const auto* base = m != nullptr && m->valid() ? static_cast<const std::byte*>(m->address()) : nullptr;
-    if (base != nullptr && in.buffer >= base &&
-        m->covers(static_cast<std::uint64_t>(in.buffer - base), in.total)) {
-      in.registration = device::Registration{m->remote_key(), m->local_key(), kBorrowed};
-    } else if (registrar_ == nullptr || !registrar_->acquire(in.buffer, in.total, in.registration).ok()) {
-      return false;
-    } else {
-      in.owns_registration = true;
-    }
-    in.has_registration = true;
-  }
+  if (in.buffer != nullptr && !take_registration(in, rx.memory)) return false;
   in.live = true;
   inbound_free_.pop_back();
   rx.stopped = &in;
+  if (rx.defer != nullptr) {
+    in.waiting = true;
+    *rx.defer = Deferred{in.id(), peer.endpoint, static_cast<std::size_t>(in.total)};
+  }
   ++stats_.rndv_stops_by_reason[static_cast<std::size_t>(d.reason)];
   ++stats_.rndv_stops_by_mode[static_cast<std::size_t>(d.mode) - 1];
 
@@ -75,7 +70,7 @@ bool AmEngine::stop(Peer& peer, const rndv::Decision& d) {
   if (d.mode == wire::StopMode::stop_put)
     c.info = wire::RendezvousInfo{in.registration.key, reinterpret_cast<std::uintptr_t>(in.buffer)};
   push_control(peer, c);
-  if (in.buffer != nullptr) {
+  if (in.buffer != nullptr) {  // (a deferred message has none yet)
     if (d.mode == wire::StopMode::discard_get) {
       get(peer, in, 0, in.total);
     } else if (d.mode == wire::StopMode::split_get) {
@@ -92,6 +87,39 @@ bool AmEngine::stop(Peer& peer, const rndv::Decision& d) {
 }
 
 // GETs [offset, offset + bytes) of the message, in pieces the lane carries.
+// Registers in's buffer, or takes memory's registration when it covers it.
+bool AmEngine::take_registration(Inbound& in, const Memory* m) {
+  const auto* base = m != nullptr && m->valid() ? static_cast<const std::byte*>(m->address()) : nullptr;
+  if (base != nullptr && in.buffer >= base && m->covers(static_cast<std::uint64_t>(in.buffer - base), in.total)) {
+    in.registration = device::Registration{m->remote_key(), m->local_key(), kBorrowed};
+  } else if (registrar_ == nullptr || !registrar_->acquire(in.buffer, in.total, in.registration).ok()) {
+    return false;
+  } else {
+    in.owns_registration = true;
+  }
+  in.has_registration = true;
+  return true;
+}
+
+// The buffer for a message its handler deferred: GET it all now.
+Status AmEngine::accept(std::uint64_t id, std::byte* buffer, Callback done, const Memory* memory) {
+  Inbound* in = find_inbound(id);
+  if (in == nullptr || !in->waiting)
+    return {StatusCode::invalid_argument, "accept: no deferred message has that id (accepted already?)"};
+  in->buffer = buffer;
+  if (buffer != nullptr && !take_registration(*in, memory)) {
+    in->buffer = nullptr;
+    return {StatusCode::no_resource, "accept: the buffer cannot be registered; the message stays deferred"};
+  }
+  in->done = done;
+  in->waiting = false;
+  if (buffer != nullptr)
+    get(peers_[in->peer], *in, 0, in->total);
+  else
+    accepted_.push_back(in);  // discarded: done runs in the next advance()
+  return Status::success();
+}
+
 void AmEngine::get(Peer& peer, Inbound& in, std::uint64_t offset, std::uint64_t bytes) {
   const std::uint64_t piece = peer.lane->max_rdma();
   while (bytes != 0) {
@@ -113,7 +141,8 @@ void AmEngine::on_get_done(void* cookie, Status s) {
 // Done runs once every byte is in place, and the sender gets its ack; the
 // record goes once the sender's cts or fin has come too.
 void AmEngine::check_inbound(Inbound& in) {
-  const bool placed = in.gets_pending == 0 && (in.end_seen || in.mode == wire::StopMode::discard_get);
+  const bool placed = !in.waiting && in.gets_pending == 0 &&
+                      (in.end_seen || in.mode == wire::StopMode::discard_get);
   if (placed && !in.in_place) {
     in.in_place = true;
     if (in.owns_registration) registrar_->release(in.registration);
@@ -159,8 +188,15 @@ void AmEngine::on_stop(Peer& peer, const wire::PacketView& v) {
   }
   r->stopped = true;
   r->stop_record = v.header.offset;
-  r->eager_end = r->sent;  // inject_send stops here
+  r->eager_end = r->sent;  // no more eager packets
   ++stats_.rndv_stopped;
+  if (peer.head == r) {
+    // Cut short while first in the work queue: nothing of it is left to
+    // inject, and its answer may complete (and free it) before service()
+    // would have come back to it.
+    peer.head = r->next;
+    if (peer.head == nullptr) peer.tail = nullptr;
+  }
   // Cut short, the eager packets' last one carried no callback: the answer
   // carries r's local completion, so r lives until it is sent.
   const bool cut_short = r->sent < r->total;

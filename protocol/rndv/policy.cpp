@@ -7,9 +7,9 @@ Decision decide(const Inputs& in) {
   Decision d;
   if (in.received >= in.total) return d;  // nothing left to stop
   const std::uint64_t remaining = in.total - in.received;
-  if (!in.has_buffer) {
+  if (in.deferred || !in.has_buffer) {
     d.stop = true;
-    d.reason = StopReason::no_buffer;
+    d.reason = in.deferred ? StopReason::deferred : StopReason::no_buffer;
     d.mode = wire::StopMode::discard_get;  // and nothing to GET
     return d;
   }

@@ -6,6 +6,8 @@
 // arrives and again with every later eager packet, until it stops the
 // message or the message is complete. The inputs are data-flow conditions
 // at the receiver, each counted in ContextStats when it causes a stop:
+//  - deferred: the handler has no buffer yet (Receive::defer): stop, hold no
+//    reception buffer, GET it all once Context::accept() names the buffer;
 //  - no_buffer: the handler gave no buffer (it discards the data): stop the
 //    sender wasting the lane on bytes nobody keeps;
 //  - zero_copy: the handler asked for the data by RDMA straight into its buffer;
@@ -18,8 +20,8 @@
 // the first packet (the receive buffer is known, so the sender can PUT the
 // rest in one go), split_get later (keep what came, GET the rest from the
 // bottom while the eager packets still in flight fill in from the top). A
-// message whose data is discarded is stopped with discard_get and nothing is
-// fetched.
+// message whose data is discarded or deferred is stopped with discard_get,
+// and nothing is fetched (for now).
 #pragma once
 
 #include <cstdint>
@@ -29,13 +31,14 @@
 namespace ami::protocol::rndv {
 
 enum class Mode : std::uint8_t { automatic, discard_get, split_get, stop_put };  // AMI_RNDV_MODE order
-enum class StopReason : std::uint8_t { no_buffer, zero_copy, reception_low, large };
+enum class StopReason : std::uint8_t { no_buffer, zero_copy, reception_low, large, deferred };
 
 struct Inputs {
   std::uint64_t total = 0;     // message bytes
   std::uint64_t received = 0;  // eager bytes in place so far
   bool first_packet = false;   // deciding at the first packet
   bool has_buffer = true;
+  bool deferred = false;       // the handler put the message aside (no buffer yet)
   bool zero_copy = false;
   unsigned reception_load = 0;     // percent
   unsigned low_water = 75;         // AMI_RNDV_LOW_WATER

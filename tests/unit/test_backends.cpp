@@ -634,3 +634,84 @@ TEST_CASE_TEMPLATE("rendezvous: many concurrent messages to a receiver that runs
   CHECK(b.stats().reception_load_max >= 50);
   CHECK(b.stats().malformed_packets == 0);
 }
+
+TEST_CASE_TEMPLATE("rendezvous: a deferred message waits without a buffer until accept(), then comes by GET", P,
+                   BACKENDS) {
+  P pair(fifo(256));
+  Context &a = pair.a(), &b = pair.b();
+  struct Later {
+    Deferred deferred[2];
+    int seen = 0;
+    bool could_defer = true;
+  } later;
+  REQUIRE(b.set_dispatch(25, {+[](void* c, const Incoming& in, Receive* recv) {
+    auto* l = static_cast<Later*>(c);
+    if (recv == nullptr || !in.can_defer) {
+      l->could_defer = false;
+      return;
+    }
+    recv->defer = &l->deferred[l->seen++];
+  }, &later}).ok());
+  const auto pay = pattern(200001, 5), other = pattern(70001, 6);
+  Counter local, local2, done;
+  REQUIRE(a.send({.dest = pair.to_b(), .dispatch = 25, .payload = bytes_of(pay), .local_done = local.cb()}).ok());
+  REQUIRE(a.send({.dest = pair.to_b(), .dispatch = 25, .payload = bytes_of(other), .local_done = local2.cb()}).ok());
+  advance_until(a, b, [&] { return later.seen == 2 && later.deferred[1].id != 0; });
+  for (int i = 0; i < 2000; ++i) {  // the senders are stopped; nothing completes while they wait
+    (void)a.advance();
+    (void)b.advance();
+  }
+  REQUIRE(later.could_defer);
+  CHECK(local.calls == 0);
+  CHECK(local2.calls == 0);
+  CHECK(later.deferred[0].total_bytes == pay.size());
+  CHECK(later.deferred[0].origin == pair.to_a());
+  CHECK(b.stats().rndv_stops_by_reason[4] == 2);  // deferred
+
+  // Accepted in the other order, the second one discarded.
+  std::vector<std::uint8_t> buf(pay.size(), 0);
+  REQUIRE(b.accept(later.deferred[1], nullptr, done.cb()).ok());
+  REQUIRE(b.accept(later.deferred[0], buf.data(), done.cb()).ok());
+  advance_until(a, b, [&] { return done.calls == 2 && local.calls == 1 && local2.calls == 1; });
+  CHECK(buf == pay);
+  CHECK(done.last.ok());
+  CHECK(local.last.ok());
+  CHECK(local2.last.ok());
+  // Once only; an id that names nothing is refused by name.
+  Status s = b.accept(later.deferred[0], buf.data(), done.cb());
+  CHECK(s == StatusCode::invalid_argument);
+  CHECK(to_string(s).find("no deferred message") != std::string::npos);
+  CHECK(b.accept(Deferred{}, buf.data(), done.cb()) == StatusCode::invalid_argument);
+  CHECK(b.stats().malformed_packets == 0);
+}
+
+TEST_CASE_TEMPLATE("rendezvous: with the registration cache full, messages go eagerly and arrive whole", P, BACKENDS) {
+  P pair(test::config_with({{"AMI_RCACHE_MAX_ENTRIES", "1"}, {"AMI_RCACHE_IDLE", "0"}}));
+  Context &a = pair.a(), &b = pair.b();
+  struct Two {
+    std::vector<std::uint8_t> buf[3];
+    int done = 0;
+  } two;
+  REQUIRE(b.set_dispatch(26, {+[](void* c, const Incoming& in, Receive* recv) {
+    auto* t = static_cast<Two*>(c);
+    REQUIRE(recv != nullptr);
+    auto& buf = t->buf[in.header[0] == std::byte{0} ? 0 : in.header[0] == std::byte{1} ? 1 : 2];
+    buf.assign(in.total_bytes, 0);
+    recv->buffer = buf.data();
+    recv->done = {+[](void* c, Status s) {
+      CHECK(s.ok());
+      ++static_cast<Two*>(c)->done;
+    }, t};
+  }, &two}).ok());
+  const std::vector<std::uint8_t> pays[3] = {pattern(300001, 1), pattern(200003, 2), pattern(100005, 3)};
+  Counter local;
+  for (std::uint8_t i = 0; i < 3; ++i) {
+    const std::byte h[1] = {std::byte{i}};
+    REQUIRE(a.send({.dest = pair.to_b(), .dispatch = 26, .header = h, .payload = bytes_of(pays[i]),
+                    .local_done = local.cb()}).ok());
+  }
+  advance_until(a, b, [&] { return two.done == 3 && local.calls == 3; });
+  for (int i = 0; i < 3; ++i) CHECK(two.buf[i] == pays[i]);
+  CHECK(a.stats().rndv_unregistered >= 1);  // the sender's one entry was taken
+  CHECK(local.last.ok());
+}

@@ -43,6 +43,10 @@ TEST_CASE("stop policy: each input stops for its own reason, and the mode follow
   CHECK(d.reason == StopReason::no_buffer);
   CHECK(d.mode == wire::StopMode::discard_get);  // nothing to fetch, whatever the mode
 
+  d = protocol::rndv::decide([&] { auto i = in; i.has_buffer = false; i.deferred = true; return i; }());
+  CHECK(d.reason == StopReason::deferred);
+  CHECK(d.mode == wire::StopMode::discard_get);  // GET it all once accepted
+
   for (Mode m : {Mode::discard_get, Mode::split_get, Mode::stop_put}) {
     d = protocol::rndv::decide([&] { auto i = in; i.zero_copy = true; i.configured = m; return i; }());
     CHECK(static_cast<int>(d.mode) == static_cast<int>(m));

@@ -29,6 +29,10 @@ Status Context::send_immediate(const SendImmediateParams& params) {
   return impl_->engine.send_immediate(params);
 }
 
+Status Context::accept(const Deferred& deferred, void* buffer, Callback done, const Memory* memory) {
+  return impl_->engine.accept(deferred.id, static_cast<std::byte*>(buffer), done, memory);
+}
+
 std::size_t Context::immediate_limit(Endpoint dest) { return impl_->engine.immediate_limit(dest); }
 
 std::string_view Context::backend_for(Endpoint dest) { return impl_->engine.backend_for(dest); }

@@ -50,7 +50,7 @@ std::string_view malformed_reason_name(std::size_t i) {
 namespace ami {
 
 std::string_view stop_reason_name(std::size_t i) {
-  static constexpr std::string_view kNames[] = {"no_buffer", "zero_copy", "reception_low", "large"};
+  static constexpr std::string_view kNames[] = {"no_buffer", "zero_copy", "reception_low", "large", "deferred"};
   return i < std::size(kNames) ? kNames[i] : "unknown";
 }
 

@@ -57,6 +57,11 @@ class Context {
   // Largest header + payload send_immediate() takes to dest (0: unreachable).
   std::size_t immediate_limit(Endpoint dest);
 
+  // Names the buffer of a message its handler deferred (Receive::defer);
+  // done runs when every byte is in place. A null buffer discards it.
+  // invalid_argument when id names no message waiting here.
+  Status accept(const Deferred& deferred, void* buffer, Callback done, const Memory* memory = nullptr);
+
   Status put(const RdmaParams& params);
   Status get(const RdmaParams& params);
 

@@ -31,9 +31,20 @@ struct Incoming {
   std::span<const std::byte> header;
   std::span<const std::byte> payload;  // the whole payload when recv is nullptr
   std::size_t total_bytes = 0;
+  bool can_defer = false;  // Receive::defer may be used for this message
 };
 
 class Memory;
+
+// A message its handler put aside (Receive::defer): it waits at the
+// receiver, holding no reception buffer, until Context::accept() names
+// where it goes. id is 0 until ami fills it in, before the handler's caller
+// returns.
+struct Deferred {
+  std::uint64_t id = 0;
+  Endpoint origin;
+  std::size_t total_bytes = 0;
+};
 
 struct Receive {
   void* buffer = nullptr;  // in.total_bytes long, owned by the handler's caller
@@ -44,6 +55,11 @@ struct Receive {
   // Ask for the data by GET or PUT straight into buffer rather than through
   // bounce buffers: the receiver stops the sender's eager packets at once.
   bool zero_copy = false;
+  // Not known yet where the data goes (when in.can_defer): point this at a
+  // Deferred the handler keeps, leave buffer null, and call
+  // Context::accept() with its id later. The sender is stopped meanwhile;
+  // accept() fetches the whole message by GET.
+  Deferred* defer = nullptr;
 };
 
 using DispatchFn = void (*)(void* cookie, const Incoming& in, Receive* recv);

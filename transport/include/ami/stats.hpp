@@ -35,7 +35,7 @@ struct ContextStats {
   // Receiver side: every decision of the stop policy (protocol/rndv/policy.hpp)
   // and the inputs that made it stop.
   std::uint64_t rndv_decisions = 0;
-  static constexpr std::size_t kStopReasons = 4;  // no_buffer, zero_copy, reception_low, large
+  static constexpr std::size_t kStopReasons = 5;  // no_buffer, zero_copy, reception_low, large, deferred
   std::array<std::uint64_t, kStopReasons> rndv_stops_by_reason{};
   static constexpr std::size_t kStopModes = 3;  // discard_get, split_get, stop_put
   std::array<std::uint64_t, kStopModes> rndv_stops_by_mode{};
