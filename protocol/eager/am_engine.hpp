@@ -122,6 +122,8 @@ class AmEngine final : public device::PacketSink {
     bool zero_copy = false;
     const Memory* memory = nullptr;
     Deferred* defer = nullptr;       // the handler deferred it
+    PieceFn piece = nullptr;         // the handler takes it in pieces
+    void* piece_cookie = nullptr;
     wire::RendezvousInfo source{};
     Inbound* stopped = nullptr;      // set once stopped: later eager packets belong to it
     bool stop_refused = false;       // a stop failed: it goes on eagerly (still acked)

@@ -111,8 +111,11 @@ void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {
                   .received = v.payload.size(), .buffer = static_cast<std::byte*>(recv.buffer),
                   .done = recv.done, .wants_remote_done = wants_answer, .answer_flags = 0,
                   .rndv = rndv, .zero_copy = recv.zero_copy, .memory = recv.memory, .defer = defer,
+                  .piece = recv.buffer == nullptr ? recv.piece : nullptr, .piece_cookie = recv.piece_cookie,
                   .source = source};
-  if (rx.buffer != nullptr)
+  if (rx.piece != nullptr)
+    rx.piece(rx.piece_cookie, 0, v.payload);
+  else if (rx.buffer != nullptr)
     std::memcpy(rx.buffer, v.payload.data(), v.payload.size());
   else
     stats_.discarded_bytes += v.payload.size();
@@ -139,7 +142,9 @@ void AmEngine::on_more(Peer& peer, const wire::PacketView& v) {
       stats_.discarded_bytes += v.payload.size();
     return;
   }
-  if (rx.buffer != nullptr)
+  if (rx.piece != nullptr)
+    rx.piece(rx.piece_cookie, v.header.offset, v.payload);
+  else if (rx.buffer != nullptr)
     std::memcpy(rx.buffer + v.header.offset, v.payload.data(), v.payload.size());
   else
     stats_.discarded_bytes += v.payload.size();

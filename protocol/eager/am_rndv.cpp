@@ -14,6 +14,7 @@ constexpr std::size_t kBadRendezvous = 9;  // ContextStats::malformed_by_reason
 // Runs the stop policy for the message streaming from peer.
 void AmEngine::consider_stop(Peer& peer, bool first_packet) {
   const Reassembly& rx = peer.rx;
+  if (rx.piece != nullptr) return;  // taken in pieces: there is no buffer to GET or PUT into
   const rndv::Inputs in{.total = rx.total,
                         .received = rx.received,
                         .first_packet = first_packet,

@@ -16,6 +16,8 @@
 //  - large: the eager bytes still to come exceed the lane's crossover, the
 //    size above which GET or PUT moves data faster than the bounce path
 //    (Lane::rdma_crossover(), or AMI_RNDV_CROSSOVER).
+// A message its handler takes in pieces (Receive::piece) is never asked:
+// with no buffer there is nothing to GET or PUT into.
 // The mode is AMI_RNDV_MODE's unless that is auto: stop_put when stopping at
 // the first packet (the receive buffer is known, so the sender can PUT the
 // rest in one go), split_get later (keep what came, GET the rest from the

@@ -715,3 +715,38 @@ TEST_CASE_TEMPLATE("rendezvous: with the registration cache full, messages go ea
   CHECK(a.stats().rndv_unregistered >= 1);  // the sender's one entry was taken
   CHECK(local.last.ok());
 }
+
+TEST_CASE_TEMPLATE("a message taken in pieces arrives in order, eagerly, and is never stopped", P, BACKENDS) {
+  P pair(fifo(64));
+  Context &a = pair.a(), &b = pair.b();
+  struct Pieces {
+    std::vector<std::uint8_t> got;
+    bool in_order = true;
+    int pieces = 0;
+    int done = 0;
+  } p;
+  REQUIRE(b.set_dispatch(27, {+[](void* c, const Incoming&, Receive* recv) {
+    REQUIRE(recv != nullptr);
+    recv->piece = +[](void* c, std::uint64_t offset, std::span<const std::byte> bytes) {
+      auto* p = static_cast<Pieces*>(c);
+      if (offset != p->got.size()) p->in_order = false;
+      const auto* b = reinterpret_cast<const std::uint8_t*>(bytes.data());
+      p->got.insert(p->got.end(), b, b + bytes.size());
+      ++p->pieces;
+    };
+    recv->piece_cookie = c;
+    recv->done = {+[](void* c, Status s) {
+      CHECK(s.ok());
+      ++static_cast<Pieces*>(c)->done;
+    }, c};
+  }, &p}).ok());
+  const auto pay = pattern(1000003, 8);  // far above every lane's crossover
+  Counter local;
+  REQUIRE(a.send({.dest = pair.to_b(), .dispatch = 27, .payload = bytes_of(pay), .local_done = local.cb()}).ok());
+  advance_until(a, b, [&] { return p.done == 1 && local.calls == 1; });
+  CHECK(p.in_order);
+  CHECK(p.pieces > 1);
+  CHECK(p.got == pay);
+  CHECK(a.stats().rndv_stopped == 0);
+  CHECK(b.stats().rndv_eager_complete == 1);
+}

@@ -36,6 +36,10 @@ struct Incoming {
 
 class Memory;
 
+// Receives a message in pieces, in order, as they arrive: bytes at offset of
+// the message. The spans are valid only during the call.
+using PieceFn = void (*)(void* cookie, std::uint64_t offset, std::span<const std::byte> bytes);
+
 // A message its handler put aside (Receive::defer): it waits at the
 // receiver, holding no reception buffer, until Context::accept() names
 // where it goes. id is 0 until ami fills it in, before the handler's caller
@@ -60,6 +64,11 @@ struct Receive {
   // Context::accept() with its id later. The sender is stopped meanwhile;
   // accept() fetches the whole message by GET.
   Deferred* defer = nullptr;
+  // Instead of a buffer: the data in pieces as they arrive (a stream, a
+  // reduction into place), then done. Such a message is never stopped: it
+  // comes eagerly, through bounce buffers, in order.
+  PieceFn piece = nullptr;
+  void* piece_cookie = nullptr;
 };
 
 using DispatchFn = void (*)(void* cookie, const Incoming& in, Receive* recv);
