@@ -10,9 +10,9 @@ namespace {
 
 constexpr std::size_t kWireHeader = sizeof(wire::PacketHeader);
 constexpr std::size_t kShortHeader = wire::kShortHeaderBytes;
-// Eager packets grow from this payload size, doubling up to the lane's
-// largest: the receiver gets the header early and can stop the message
-// before much of it is on the wire.
+// Eager packets grow from a quarter of the lane's largest (at least this
+// much), doubling up to the largest: the receiver gets the header early and
+// can stop the message before much of it is on the wire.
 constexpr std::uint64_t kFirstEager = 512;
 
 // Completes d as a packet whose n header bytes are already inline: the
@@ -116,12 +116,8 @@ Status AmEngine::check_send(const SendParams& p) const {
     return {StatusCode::invalid_argument, "send: payload is null but its length is not zero"};
   if (p.memory != nullptr && !p.memory->valid())
     return {StatusCode::not_registered, "send: memory is not a live registration"};
-  if (p.memory != nullptr) {
-    const auto* base = static_cast<const std::byte*>(p.memory->address());
-    const std::byte* first = p.payload.data();
-    if (first < base || !p.memory->covers(static_cast<std::uint64_t>(first - base), p.payload.size()))
-      return {StatusCode::invalid_argument, "send: payload lies outside the given memory"};
-  }
+  if (p.memory != nullptr && !inside(p.memory, p.payload.data(), p.payload.size()))
+    return {StatusCode::invalid_argument, "send: payload lies outside the given memory"};
   return Status::success();
 }
 
@@ -155,6 +151,9 @@ Status AmEngine::send(const SendParams& p) {
   if (lane == nullptr) return {StatusCode::unreachable, "send: no backend reaches the endpoint"};
 
   const bool one_packet = kShortHeader + p.header.size() + p.payload.size() <= lane->max_packet();
+  if (!one_packet && kWireHeader + p.header.size() + wire::RendezvousInfo::kBytes >= lane->max_packet())
+    return {StatusCode::invalid_argument,
+            "send: the header leaves no room for data in the lane's packets (AMI_SHM_CELL_SIZE)"};
   if (one_packet && !p.remote_done && peer.head == nullptr) {
     // Fast path: no request at all; the user's callback is listed directly.
     if (device::Descriptor* d = lane->fifo().try_reserve()) {
@@ -195,13 +194,9 @@ Status AmEngine::send(const SendParams& p) {
 void AmEngine::register_send(Request& r, const SendParams& p) {
   device::Registration reg;
   bool ok = false;
-  if (p.memory != nullptr && p.memory->valid()) {
-    const auto* base = static_cast<const std::byte*>(p.memory->address());
-    const std::byte* first = p.payload.data();
-    if (first >= base && p.memory->covers(static_cast<std::uint64_t>(first - base), p.payload.size())) {
-      reg = device::Registration{p.memory->remote_key(), p.memory->local_key(), kBorrowed};
-      ok = true;
-    }
+  if (inside(p.memory, p.payload.data(), p.payload.size())) {
+    reg = device::Registration{p.memory->remote_key(), p.memory->local_key(), kBorrowed};
+    ok = true;
   }
   if (!ok && registrar_ != nullptr) {
     ok = registrar_->acquire(p.payload.data(), p.payload.size(), reg).ok();
@@ -276,7 +271,10 @@ bool AmEngine::inject_send(Peer& peer, Request& r) {
     const std::size_t hdr = r.started ? 0 : r.header_len;
     const std::size_t info = (!r.started && r.rndv) ? wire::RendezvousInfo::kBytes : 0;
     std::uint64_t room = lane.max_packet() - kWireHeader - hdr - info;
-    if (r.rndv) room = std::min(room, kFirstEager << std::min<std::uint32_t>(r.packets, 40));
+    if (r.rndv) {
+      const std::uint64_t first = std::max<std::uint64_t>(kFirstEager, lane.max_packet() / 4);
+      room = std::min(room, first << std::min<std::uint32_t>(r.packets, 40));
+    }
     const auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>(room, r.total - r.sent));
     if (r.started) {
       build_packet(*d, wire::make_header(wire::PacketType::am_more, r.dispatch, r.id(), r.total, r.sent, n, 0, 0),

@@ -103,6 +103,7 @@ class AmEngine final : public device::PacketSink {
     std::uint32_t gets_pending = 0;
     std::uint64_t bottom = 0;       // split_get: the first GET covers [bottom, total)
     bool end_seen = false;          // the cts or fin came
+    bool eager_all = false;         // kept eager packets brought every byte (the sender had sent them all)
     bool in_place = false;          // every byte is in place (done ran)
     bool waiting = false;           // deferred by its handler; accept() not called yet
     Status failure;
@@ -194,6 +195,12 @@ class AmEngine final : public device::PacketSink {
   void check_inbound(Inbound& in);
   Inbound* find_inbound(std::uint64_t id);
 
+  // Does [first, first + bytes) lie inside m (a live registration)?
+  static bool inside(const Memory* m, const std::byte* first, std::uint64_t bytes) {
+    if (m == nullptr || !m->valid()) return false;
+    const auto* base = static_cast<const std::byte*>(m->address());
+    return first >= base && m->covers(static_cast<std::uint64_t>(first - base), bytes);
+  }
   // Registration::handle of a buffer the user registered (SendParams::memory,
   // Receive::memory): used, never released.
   static constexpr std::uint32_t kBorrowed = ~std::uint32_t{0};

@@ -136,10 +136,17 @@ void AmEngine::on_more(Peer& peer, const wire::PacketView& v) {
     // everything); split_get and stop_put keep it, their GET or PUT leaves
     // it out.
     stats_.rndv_late_bytes += v.payload.size();
-    if (in->mode != wire::StopMode::discard_get && in->buffer != nullptr && !in->in_place)
+    if (in->mode != wire::StopMode::discard_get && in->buffer != nullptr && !in->in_place) {
       std::memcpy(in->buffer + v.header.offset, v.payload.data(), v.payload.size());
-    else
+      if (rx.received == rx.total) {
+        // Every byte came eagerly after all: done need not wait for the
+        // sender's cts or fin (only for a GET still writing the same bytes).
+        in->eager_all = true;
+        check_inbound(*in);
+      }
+    } else {
       stats_.discarded_bytes += v.payload.size();
+    }
     return;
   }
   if (rx.piece != nullptr)

@@ -90,8 +90,7 @@ bool AmEngine::stop(Peer& peer, const rndv::Decision& d) {
 // GETs [offset, offset + bytes) of the message, in pieces the lane carries.
 // Registers in's buffer, or takes memory's registration when it covers it.
 bool AmEngine::take_registration(Inbound& in, const Memory* m) {
-  const auto* base = m != nullptr && m->valid() ? static_cast<const std::byte*>(m->address()) : nullptr;
-  if (base != nullptr && in.buffer >= base && m->covers(static_cast<std::uint64_t>(in.buffer - base), in.total)) {
+  if (inside(m, in.buffer, in.total)) {
     in.registration = device::Registration{m->remote_key(), m->local_key(), kBorrowed};
   } else if (registrar_ == nullptr || !registrar_->acquire(in.buffer, in.total, in.registration).ok()) {
     return false;
@@ -143,7 +142,7 @@ void AmEngine::on_get_done(void* cookie, Status s) {
 // record goes once the sender's cts or fin has come too.
 void AmEngine::check_inbound(Inbound& in) {
   const bool placed = !in.waiting && in.gets_pending == 0 &&
-                      (in.end_seen || in.mode == wire::StopMode::discard_get);
+                      (in.end_seen || in.eager_all || in.mode == wire::StopMode::discard_get);
   if (placed && !in.in_place) {
     in.in_place = true;
     if (in.owns_registration) registrar_->release(in.registration);
