@@ -102,6 +102,11 @@ bool VerbsDevice::prepare(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, ibv
       wr.send_flags = IBV_SEND_INLINE;  // copied at post time: no key needed
       add_sge(wr, p.inline_data, p.inline_len, 0);
       add_sge(wr, p.payload, p.payload_len, 0);
+    } else if (p.payload_keyed) {
+      // Registered payload (a rendezvous message, or one sent with its
+      // Memory): sent from where it lies, no copy.
+      add_sge(wr, p.inline_data, p.inline_len, lane.slots_mr_->lkey);
+      add_sge(wr, p.payload, p.payload_len, p.payload_key);
     } else {
       std::byte* staged = nullptr;
       if (p.payload_len != 0) {

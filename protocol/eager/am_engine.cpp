@@ -18,9 +18,13 @@ constexpr std::uint64_t kFirstEager = 512;
 // Completes d as a packet whose n header bytes are already inline: the
 // payload goes inline too when it fits (so the caller's buffer is free at
 // once), and is referenced otherwise.
-void finish_packet(device::Descriptor& d, std::size_t n, std::span<const std::byte> payload) {
+// key: the payload's registration, when it has one.
+void finish_packet(device::Descriptor& d, std::size_t n, std::span<const std::byte> payload,
+                   const device::Registration* key = nullptr) {
   d.kind = device::DescriptorKind::packet;
   device::PacketDescriptor& p = d.packet;
+  p.payload_keyed = key != nullptr;
+  p.payload_key = key != nullptr ? key->local_key : 0;
   if (n + payload.size() <= device::kPacketInlineBytes) {
     if (!payload.empty()) std::memcpy(p.inline_data + n, payload.data(), payload.size());
     n += payload.size();
@@ -40,9 +44,9 @@ void build_packet(device::Descriptor& d, const wire::PacketHeader& h,
 
 // A whole message that wants no answer: the short header.
 void build_short(device::Descriptor& d, std::uint16_t dispatch, std::span<const std::byte> user_header,
-                 std::span<const std::byte> payload) {
+                 std::span<const std::byte> payload, const device::Registration* key = nullptr) {
   const auto n = static_cast<std::uint32_t>(payload.size());
-  finish_packet(d, wire::encode_short(dispatch, n, user_header, d.packet.inline_data), payload);
+  finish_packet(d, wire::encode_short(dispatch, n, user_header, d.packet.inline_data), payload, key);
 }
 
 }  // namespace
@@ -158,7 +162,10 @@ Status AmEngine::send(const SendParams& p) {
     // Fast path: no request at all; the user's callback is listed directly.
     if (device::Descriptor* d = lane->fifo().try_reserve()) {
       const auto n = static_cast<std::uint32_t>(p.payload.size());
-      build_short(*d, p.dispatch, p.header, p.payload);
+      device::Registration key;
+      const bool keyed = inside(p.memory, p.payload.data(), p.payload.size());
+      if (keyed) key.local_key = p.memory->local_key();
+      build_short(*d, p.dispatch, p.header, p.payload, keyed ? &key : nullptr);
       lane->fifo().commit(p.local_done);
       lane->ring();
       ++stats_.messages_sent;
@@ -277,8 +284,10 @@ bool AmEngine::inject_send(Peer& peer, Request& r) {
     }
     const auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>(room, r.total - r.sent));
     if (r.started) {
-      build_packet(*d, wire::make_header(wire::PacketType::am_more, r.dispatch, r.id(), r.total, r.sent, n, 0, 0),
-                   {}, {r.payload + r.sent, n});
+      const wire::PacketHeader h =
+          wire::make_header(wire::PacketType::am_more, r.dispatch, r.id(), r.total, r.sent, n, 0, 0);
+      finish_packet(*d, wire::encode(h, {}, d->packet.inline_data), {r.payload + r.sent, n},
+                    r.rndv ? &r.registration : nullptr);
     } else {
       const wire::PacketHeader h = wire::make_header(wire::PacketType::am_first, r.dispatch, r.id(), r.total,
                                                      0, n, static_cast<std::uint16_t>(hdr), r.flags);
@@ -288,7 +297,7 @@ bool AmEngine::inject_send(Peer& peer, Request& r) {
             d->packet.inline_data + k);
         k += info;
       }
-      finish_packet(*d, k, {r.payload, n});
+      finish_packet(*d, k, {r.payload, n}, r.rndv ? &r.registration : nullptr);
     }
     r.started = true;
     r.sent += n;

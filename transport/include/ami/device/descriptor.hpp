@@ -23,6 +23,10 @@ struct PacketDescriptor {
   std::uint16_t inline_len = 0;
   const std::byte* payload = nullptr;  // referenced until the slot completes
   std::uint32_t payload_len = 0;
+  // The payload lies in a registration with this backend key (the verbs
+  // lkey): a device may send it from there instead of copying it first.
+  bool payload_keyed = false;
+  std::uint32_t payload_key = 0;
   alignas(8) std::byte inline_data[kPacketInlineBytes];
 };
 
