@@ -111,7 +111,8 @@ void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {
                   .received = v.payload.size(), .buffer = static_cast<std::byte*>(recv.buffer),
                   .done = recv.done, .wants_remote_done = wants_answer, .answer_flags = 0,
                   .rndv = rndv, .zero_copy = recv.zero_copy, .memory = recv.memory, .defer = defer,
-                  .piece = recv.buffer == nullptr ? recv.piece : nullptr, .piece_cookie = recv.piece_cookie,
+                  .piece = recv.buffer == nullptr && defer == nullptr ? recv.piece : nullptr,
+                  .piece_cookie = recv.piece_cookie,
                   .source = source};
   if (rx.piece != nullptr)
     rx.piece(rx.piece_cookie, 0, v.payload);

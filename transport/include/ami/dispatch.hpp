@@ -66,7 +66,8 @@ struct Receive {
   Deferred* defer = nullptr;
   // Instead of a buffer: the data in pieces as they arrive (a stream, a
   // reduction into place), then done. Such a message is never stopped: it
-  // comes eagerly, through bounce buffers, in order.
+  // comes eagerly, through bounce buffers, in order. (buffer, then defer,
+  // then piece: the first one set is what the handler asked for.)
   PieceFn piece = nullptr;
   void* piece_cookie = nullptr;
 };
