@@ -316,6 +316,7 @@ bool AmEngine::inject_rdma(Peer& peer, Request& r) {
   d->kind = r.rdma_kind;
   d->rdma = r.rdma;
   peer.lane->fifo().commit(Callback{&AmEngine::on_send_local, &r});
+  if (r.rdma_kind == device::DescriptorKind::get) peer.last_get = peer.lane->fifo().injected();
   return true;
 }
 
@@ -334,6 +335,7 @@ bool AmEngine::inject_control(Peer& peer, Control& c) {
                                      .remote_address = in.source.address + c.offset,
                                      .remote = in.source.key};
     peer.lane->fifo().commit(Callback{&AmEngine::on_get_done, &in});
+    peer.last_get = peer.lane->fifo().injected();
     stats_.rndv_get_bytes += c.total;
     ++stats_.gets;
     return true;
@@ -395,7 +397,9 @@ std::size_t AmEngine::service(Peer& peer) {
     return work;
   }
   while (Request* r = peer.head) {
-    const bool done = r->kind == Request::Kind::send ? inject_send(peer, *r) : inject_rdma(peer, *r);
+    const bool done = r->kind == Request::Kind::send    ? inject_send(peer, *r)
+                      : r->kind == Request::Kind::fence ? inject_fence(peer, *r)
+                                                        : inject_rdma(peer, *r);
     if (!done) break;
     peer.head = r->next;
     if (peer.head == nullptr) peer.tail = nullptr;

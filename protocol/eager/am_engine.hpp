@@ -70,6 +70,9 @@ class AmEngine final : public device::PacketSink {
   Status send(const SendParams& p);
   Status send_immediate(const SendImmediateParams& p);
   Status accept(std::uint64_t id, std::byte* buffer, Callback done, const Memory* memory);
+  Status fence(Endpoint dest, Callback done);
+  Status fence_all(Callback done);
+  void set_fence_handler(FenceHandler handler) { fence_handler_ = handler; }
   // local/local_key: the checked local range of p.local.
   Status rdma(device::DescriptorKind kind, const RdmaParams& p, std::byte* local,
               std::uint32_t local_key);
@@ -155,6 +158,7 @@ class AmEngine final : public device::PacketSink {
     std::vector<Control> controls;  // waiting for a FIFO slot, in order
     Reassembly rx;
     bool busy = false;
+    std::uint64_t last_get = 0;  // FIFO position after the newest GET injected on the lane
   };
 
   // setup and lookup
@@ -169,6 +173,9 @@ class AmEngine final : public device::PacketSink {
   bool inject_send(Peer& peer, Request& r);
   bool inject_rdma(Peer& peer, Request& r);
   bool inject_control(Peer& peer, Control& c);
+  bool inject_fence(Peer& peer, Request& r);
+  static void on_child_fence(void* cookie, Status s);
+  void on_fence(Peer& peer, const wire::PacketView& v);
   std::size_t service(Peer& peer);
   void push_control(Peer& peer, const Control& c);
   static void on_send_local(void* cookie, Status s);
@@ -216,6 +223,8 @@ class AmEngine final : public device::PacketSink {
   RequestPool pool_;
   std::vector<Inbound> inbound_;       // AMI_MAX_REQUESTS of them
   std::vector<Inbound*> accepted_;     // accepted with nothing to fetch: done runs in advance()
+  std::vector<Request*> ready_;        // finished inside a post call: settled in advance()
+  FenceHandler fence_handler_{};
   std::vector<std::uint32_t> inbound_free_;
 };
 

@@ -14,9 +14,14 @@ constexpr std::size_t kBadRendezvous = 9;
 }  // namespace
 
 std::size_t AmEngine::advance() {
-  std::size_t work = accepted_.size();
+  std::size_t work = accepted_.size() + ready_.size();
   for (std::size_t i = 0; i < accepted_.size(); ++i) check_inbound(*accepted_[i]);
   accepted_.clear();
+  while (!ready_.empty()) {  // (settling one may make another ready)
+    Request* r = ready_.back();
+    ready_.pop_back();
+    settle(*r);
+  }
   for (device::Device* d : devices_) work += d->progress(*this, 64);
   for (std::size_t i = 0; i < lanes_.size(); ++i) work += lanes_[i]->fifo().complete();
   for (std::size_t i = 0; i < busy_.size(); ++i) work += service(*busy_[i]);
@@ -56,6 +61,7 @@ void AmEngine::on_packet(Endpoint origin, std::span<const std::byte> bytes) {
     case wire::PacketType::stop: on_stop(*peer, v); break;
     case wire::PacketType::cts:
     case wire::PacketType::fin: on_end(*peer, v); break;
+    case wire::PacketType::fence: on_fence(*peer, v); break;
   }
 }
 
@@ -187,7 +193,7 @@ void AmEngine::ack(Peer& peer, std::uint64_t message_id, std::uint16_t flags, bo
 
 void AmEngine::on_ack(const wire::PacketView& v) {
   Request* r = pool_.find(v.header.message_id);
-  if (r == nullptr || r->kind != Request::Kind::send || (!r->remote_pending && !r->verdict_pending)) {
+  if (r == nullptr || r->kind == Request::Kind::rdma || (!r->remote_pending && !r->verdict_pending)) {
     count_malformed(kOutOfSequence);
     return;
   }

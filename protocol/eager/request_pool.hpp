@@ -22,7 +22,7 @@ namespace ami::protocol {
 class AmEngine;
 
 struct Request {
-  enum class Kind : std::uint8_t { send, rdma };
+  enum class Kind : std::uint8_t { send, rdma, fence };
 
   Kind kind = Kind::send;
   bool live = false;
@@ -64,6 +64,9 @@ struct Request {
 
   // the receiver's side of a stopped message (its id for it, for cts/fin)
   std::uint64_t stop_record = 0;
+
+  // fence_all: the fences to each peer still to answer
+  std::uint32_t children = 0;
 
   std::uint64_t id() const { return (std::uint64_t{1} << 63) | (std::uint64_t{generation} << 32) | index; }
 };

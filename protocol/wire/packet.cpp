@@ -35,7 +35,7 @@ DecodeError check_lengths(const PacketHeader& h, std::size_t size) {
     return DecodeError::bad_length;
   const auto type = static_cast<PacketType>(h.type);
   const bool control = type == PacketType::ack || type == PacketType::stop ||
-                       type == PacketType::cts || type == PacketType::fin;
+                       type == PacketType::cts || type == PacketType::fin || type == PacketType::fence;
   if (control && h.header_len != 0) return DecodeError::bad_length;
   if (type == PacketType::stop) {
     const bool put = h.dispatch == static_cast<std::uint16_t>(StopMode::stop_put);
@@ -55,7 +55,7 @@ DecodeError check_offsets(const PacketHeader& h) {
       return DecodeError::bad_offset;
     return DecodeError::none;
   }
-  if (type == PacketType::ack) return DecodeError::none;
+  if (type == PacketType::ack || type == PacketType::fence) return DecodeError::none;
   if (h.offset > h.total_len) return DecodeError::bad_offset;
   if (type == PacketType::cts || type == PacketType::fin) return DecodeError::none;
   if (h.payload_len > h.total_len - h.offset) return DecodeError::bad_offset;

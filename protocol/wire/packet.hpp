@@ -41,8 +41,10 @@ enum class PacketType : std::uint8_t {
   cts = 6,       // sender's answer to a GET stop: message_id = the receiver's id,
                  // offset = eager bytes sent (all of them are ahead of this packet)
   fin = 7,       // after the PUT of a stop_put: fields as cts
+  fence = 8,     // behind the origin's earlier operations on the lane: message_id = the
+                 // origin's id for it, answered by an ack once dispatched
 };
-inline constexpr std::uint8_t kLastPacketType = 7;
+inline constexpr std::uint8_t kLastPacketType = 8;
 
 enum PacketFlags : std::uint16_t {
   kWantsRemoteDone = 1u << 0,  // am_first: the sender wants a remote-done

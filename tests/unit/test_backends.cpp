@@ -750,3 +750,180 @@ TEST_CASE_TEMPLATE("a message taken in pieces arrives in order, eagerly, and is 
   CHECK(a.stats().rndv_stopped == 0);
   CHECK(b.stats().rndv_eager_complete == 1);
 }
+
+// ---- the deterministic fence ----
+
+namespace {
+
+// Three registered regions at b, a shadow of what they should hold, and a
+// source at a; PUTs of varied sizes at odd offsets go into the regions.
+template <class P>
+struct FenceRig {
+  P& pair;
+  std::vector<std::uint8_t> regions[3] = {std::vector<std::uint8_t>(100003), std::vector<std::uint8_t>(4097),
+                                          std::vector<std::uint8_t>((1 << 20) + 5)};
+  std::vector<std::uint8_t> shadow[3];
+  Memory region_mem[3];
+  std::vector<std::uint8_t> source = pattern((2 << 20) + 7, 11);
+  Memory source_mem;
+  explicit FenceRig(P& p) : pair(p) {
+    for (int k = 0; k < 3; ++k) {
+      REQUIRE(pair.client_b().register_memory(regions[k].data(), regions[k].size(), region_mem[k]).ok());
+      shadow[k] = regions[k];
+    }
+    REQUIRE(pair.client_a().register_memory(source.data(), source.size(), source_mem).ok());
+  }
+  bool placed() const {
+    for (int k = 0; k < 3; ++k)
+      if (regions[k] != shadow[k]) return false;
+    return true;
+  }
+  // PUT number i: its size and offsets vary; the shadow follows.
+  void put(Context& a, int i, Counter& local) {
+    const int k = i % 3;
+    const std::size_t len = regions[k].size();
+    const std::size_t size = std::min<std::size_t>(len, 1 + (static_cast<std::size_t>(i) * 7919) % 300000);
+    const std::size_t dst = (static_cast<std::size_t>(i) * 997) % (len - size + 1);
+    const std::size_t src = (static_cast<std::size_t>(i) * 131) % (source.size() - size);
+    std::memcpy(shadow[k].data() + dst, source.data() + src, size);
+    REQUIRE(a.put({.dest = pair.to_b(), .local = &source_mem, .local_offset = src,
+                   .remote = region_mem[k].remote_key(), .remote_offset = dst, .bytes = size,
+                   .local_done = local.cb()}).ok());
+  }
+};
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("fence: every earlier PUT is placed when the target's fence handler runs and when done runs", P,
+                   BACKENDS) {
+  P pair(fifo(64));
+  Context &a = pair.a(), &b = pair.b();
+  FenceRig<P> rig(pair);
+  struct Seen {
+    FenceRig<P>* rig;
+    int fences = 0;
+    int placed = 0;
+    Endpoint origin;
+  } seen{&rig};
+  b.set_fence_handler({+[](void* c, Endpoint origin) {
+    auto* s = static_cast<Seen*>(c);
+    ++s->fences;
+    s->origin = origin;
+    if (s->rig->placed()) ++s->placed;
+  }, &seen});
+  Counter local, fenced;
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 40; ++i) rig.put(a, round * 40 + i, local);
+    REQUIRE(a.fence(pair.to_b(), fenced.cb()).ok());  // no waiting for the PUTs first
+    advance_until(a, b, [&] { return fenced.calls == round + 1; });
+    CHECK(fenced.last.ok());
+    CHECK(rig.placed());
+    CHECK(seen.fences == round + 1);
+    CHECK(seen.placed == round + 1);  // at the target, at the moment the fence arrived
+  }
+  CHECK(seen.origin == pair.to_a());
+  CHECK(a.stats().fences_by_message == 3);
+  CHECK(a.stats().fences_by_flush == 0);
+  CHECK(b.stats().fences_answered == 3);
+  advance_until(a, b, [&] { return local.calls == 120; });
+  CHECK(local.last.ok());
+}
+
+TEST_CASE_TEMPLATE("fence: every earlier GET's data is at the origin when done runs; fence_all", P, BACKENDS) {
+  P pair(fifo(64));
+  Context &a = pair.a(), &b = pair.b();
+  std::vector<std::uint8_t> remote = pattern((1 << 20) + 3, 21), local((1 << 20) + 3, 0);
+  Memory remote_mem, local_mem;
+  REQUIRE(pair.client_b().register_memory(remote.data(), remote.size(), remote_mem).ok());
+  REQUIRE(pair.client_a().register_memory(local.data(), local.size(), local_mem).ok());
+  Counter got, fenced;
+  std::size_t offset = 0;
+  for (int i = 0; offset < remote.size(); ++i) {
+    const std::size_t size = std::min<std::size_t>(remote.size() - offset, 1 + (static_cast<std::size_t>(i) * 4099) % 70000);
+    REQUIRE(a.get({.dest = pair.to_b(), .local = &local_mem, .local_offset = offset, .remote = remote_mem.remote_key(),
+                   .remote_offset = offset, .bytes = size, .local_done = got.cb()}).ok());
+    offset += size;
+  }
+  struct AtDone {
+    std::vector<std::uint8_t>* local;
+    std::vector<std::uint8_t>* remote;
+    bool equal = false;
+    int calls = 0;
+  } at{&local, &remote};
+  REQUIRE(a.fence(pair.to_b(), {+[](void* c, Status s) {
+    auto* at = static_cast<AtDone*>(c);
+    CHECK(s.ok());
+    at->equal = *at->local == *at->remote;  // checked inside the callback itself
+    ++at->calls;
+  }, &at}).ok());
+  advance_until(a, b, [&] { return at.calls == 1; });
+  CHECK(at.equal);
+  // fence_all: one done for every lane this context has.
+  std::fill(local.begin(), local.end(), 0);
+  REQUIRE(a.get({.dest = pair.to_b(), .local = &local_mem, .remote = remote_mem.remote_key(),
+                 .bytes = local.size(), .local_done = got.cb()}).ok());
+  REQUIRE(a.fence_all(fenced.cb()).ok());
+  CHECK(fenced.calls == 0);  // never inside the call
+  advance_until(a, b, [&] { return fenced.calls == 1; });
+  CHECK(fenced.last.ok());
+  CHECK(local == remote);
+}
+
+TEST_CASE("fence: interleaved with sends from several contexts, each fence sees exactly its origin's earlier sends") {
+  Client client(options(3, 16));
+  Context* ctx[3] = {&client.context(0), &client.context(1), &client.context(2)};
+  struct Target {
+    int received[3] = {0, 0, 0};
+    std::vector<int> expected[3];  // at each fence from that origin, in order
+    int fences[3] = {0, 0, 0};
+    int wrong = 0;
+  } t;
+  REQUIRE(ctx[2]->set_dispatch(30, {+[](void* c, const Incoming& in, Receive* recv) {
+    auto* t = static_cast<Target*>(c);
+    static std::vector<std::uint8_t> sink;
+    if (recv != nullptr) {
+      sink.assign(in.total_bytes, 0);
+      recv->buffer = sink.data();
+    }
+    ++t->received[in.origin.context];
+  }, &t}).ok());
+  ctx[2]->set_fence_handler({+[](void* c, Endpoint origin) {
+    auto* t = static_cast<Target*>(c);
+    const int n = t->fences[origin.context]++;
+    if (t->expected[origin.context].at(static_cast<std::size_t>(n)) != t->received[origin.context]) ++t->wrong;
+  }, &t});
+  Counter fenced;
+  const auto big = pattern(50000, 3), small = pattern(40, 4);
+  int sent[2] = {0, 0};
+  for (int round = 0; round < 20; ++round)
+    for (int o = 0; o < 2; ++o) {
+      for (int k = 0; k < 1 + (round * 3 + o) % 5; ++k) {
+        const auto& pay = (k + round) % 3 == 0 ? big : small;
+        REQUIRE(ctx[o]->send({.dest = {0, 2}, .dispatch = 30, .payload = bytes_of(pay)}).ok());
+        ++sent[o];
+      }
+      t.expected[o].push_back(sent[o]);
+      REQUIRE(ctx[o]->fence({0, 2}, fenced.cb()).ok());
+    }
+  for (int i = 0; i < 1000000 && fenced.calls < 40; ++i)
+    for (Context* c : ctx) (void)c->advance();
+  REQUIRE(fenced.calls == 40);
+  CHECK(fenced.last.ok());
+  CHECK(t.wrong == 0);
+  CHECK(t.fences[0] == 20);
+  CHECK(t.fences[1] == 20);
+}
+
+TEST_CASE("fence: bad endpoints are refused by name") {
+  Client client(options(1));
+  Context& c = client.context(0);
+  Counter done;
+  Status s = c.fence({5, 0}, done.cb());
+  CHECK(s == StatusCode::invalid_argument);
+  CHECK(to_string(s).find("fence: endpoint is out of range") != std::string::npos);
+  // No lane yet: fence_all has nothing to wait for, and still answers in advance().
+  REQUIRE(c.fence_all(done.cb()).ok());
+  CHECK(done.calls == 0);
+  (void)c.advance();
+  CHECK(done.calls == 1);
+}

@@ -288,6 +288,9 @@ std::string Client::describe_backends() const {
     out += impl_->verbs->describe() + ", " + std::to_string(impl_->verbs_peers) + " peer task(s)\n";
   else if (impl_->backends.verbs)
     out += "verbs: not in use: " + impl_->verbs_absent + "\n";
+  // Every lane above is one ring or one RC queue pair: it delivers in order.
+  out += "fence: a message behind the earlier operations (every lane delivers in order; a lane that "
+         "may reorder would be flushed instead)\n";
   return out;
 }
 

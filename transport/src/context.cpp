@@ -33,6 +33,10 @@ Status Context::accept(const Deferred& deferred, void* buffer, Callback done, co
   return impl_->engine.accept(deferred.id, static_cast<std::byte*>(buffer), done, memory);
 }
 
+Status Context::fence(Endpoint dest, Callback done) { return impl_->engine.fence(dest, done); }
+Status Context::fence_all(Callback done) { return impl_->engine.fence_all(done); }
+void Context::set_fence_handler(FenceHandler handler) { impl_->engine.set_fence_handler(handler); }
+
 std::size_t Context::immediate_limit(Endpoint dest) { return impl_->engine.immediate_limit(dest); }
 
 std::string_view Context::backend_for(Endpoint dest) { return impl_->engine.backend_for(dest); }

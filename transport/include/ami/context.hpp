@@ -65,6 +65,19 @@ class Context {
   Status put(const RdmaParams& params);
   Status get(const RdmaParams& params);
 
+  // Deterministic fence (DESIGN.md, method 3): done runs once every send,
+  // PUT and GET this context posted to dest before the call is complete at
+  // dest (sends dispatched, PUT data placed, GET data here). On a lane that
+  // delivers in order the fence is a message behind those operations
+  // (after the transfer counter passed every earlier GET), answered by the
+  // target when it handles it; on one that may reorder, the lane is
+  // flushed instead. No count of outstanding operations is kept.
+  Status fence(Endpoint dest, Callback done);
+  // The same to every endpoint this context has talked to; one done.
+  Status fence_all(Callback done);
+  // Called at this context when a fence from a peer arrives.
+  void set_fence_handler(FenceHandler handler);
+
   // Makes progress: device work, completions, queued instructions, arrivals.
   // Returns the number of events handled (0 when idle).
   std::size_t advance(std::size_t max_loops = 1);

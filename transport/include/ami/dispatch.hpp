@@ -74,6 +74,14 @@ struct Receive {
 
 using DispatchFn = void (*)(void* cookie, const Incoming& in, Receive* recv);
 
+// Runs at the target of a fence (Context::fence) when it arrives: every
+// earlier send and PUT from origin to this context has been handled and its
+// data placed.
+struct FenceHandler {
+  void (*fn)(void* cookie, Endpoint origin) = nullptr;
+  void* cookie = nullptr;
+};
+
 struct Dispatch {
   DispatchFn fn = nullptr;
   void* cookie = nullptr;

@@ -45,6 +45,11 @@ struct ContextStats {
   std::uint64_t rndv_late_bytes = 0;      // eager bytes that arrived after a stop
   std::uint64_t acks_sent = 0;
   std::uint64_t acks_received = 0;
+  // Fences: by a message behind the operations (ordered lanes), or by
+  // flushing a lane that may reorder; answered as a target.
+  std::uint64_t fences_by_message = 0;
+  std::uint64_t fences_by_flush = 0;
+  std::uint64_t fences_answered = 0;
   // The context's registration cache.
   std::uint64_t rcache_hits = 0;
   std::uint64_t rcache_misses = 0;

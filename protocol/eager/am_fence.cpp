@@ -1,0 +1,94 @@
+// protocol/eager/am_fence.cpp — the deterministic fence (DESIGN.md, method 3).
+//
+// A fence is a request in the peer's work queue, so it goes out behind every
+// operation posted to that peer before it. On a lane that delivers in order
+// it is a packet: the target handles it after every earlier packet and the
+// data of every earlier PUT (an RC send queue and a ring both place in
+// order), runs its fence handler and answers with an ack. An RDMA READ may
+// be overtaken by a later SEND on RC, so the packet waits until the lane's
+// transfer counter has passed the newest GET. A lane that may reorder is
+// flushed instead: the fence completes once its transfer counter passed
+// everything injected before it. No count of outstanding operations per
+// peer is kept either way.
+#include "protocol/eager/am_engine.hpp"
+
+namespace ami::protocol {
+
+Status AmEngine::fence(Endpoint dest, Callback done) {
+  Peer* peer = peer_for(dest);
+  if (peer == nullptr) return {StatusCode::invalid_argument, "fence: endpoint is out of range"};
+  if (lane_for(*peer) == nullptr) return {StatusCode::unreachable, "fence: no backend reaches the endpoint"};
+  Request* r = acquire();
+  if (r == nullptr) return {StatusCode::no_resource, "fence: every request (AMI_MAX_REQUESTS) is in use"};
+  r->kind = Request::Kind::fence;
+  r->local_done = done;
+  r->local_pending = true;    // its packet's slot
+  r->verdict_pending = true;  // the target's answer
+  enqueue(*peer, *r);
+  return Status::success();
+}
+
+Status AmEngine::fence_all(Callback done) {
+  Request* parent = acquire();
+  if (parent == nullptr) return {StatusCode::no_resource, "fence_all: every request (AMI_MAX_REQUESTS) is in use"};
+  parent->kind = Request::Kind::fence;
+  parent->local_done = done;
+  parent->local_pending = true;  // until every child has answered
+  parent->children = 1;          // held until every child is posted
+  for (Peer& peer : peers_) {
+    if (peer.lane == nullptr) continue;
+    ++parent->children;
+    Status s = fence(peer.endpoint, Callback{&AmEngine::on_child_fence, parent});
+    if (!s.ok()) {
+      --parent->children;
+      if (parent->failure.ok()) parent->failure = s;
+    }
+  }
+  on_child_fence(parent, Status::success());  // the hold; runs nothing until advance()
+  return Status::success();
+}
+
+void AmEngine::on_child_fence(void* cookie, Status s) {
+  auto& parent = *static_cast<Request*>(cookie);
+  if (!s.ok() && parent.failure.ok()) parent.failure = s;
+  if (--parent.children != 0) return;
+  parent.local_pending = false;
+  parent.engine->ready_.push_back(&parent);  // done runs in advance(), never in the posting call
+}
+
+// Injects the fence packet once nothing before it can overtake it; false to
+// wait (the fence then holds back the peer's later instructions too).
+bool AmEngine::inject_fence(Peer& peer, Request& r) {
+  device::Lane& lane = *peer.lane;
+  const std::uint64_t passed = lane.fifo().counter().snapshot();
+  if (!lane.ordered()) {
+    if (passed < lane.fifo().injected()) return false;
+    ++stats_.fences_by_flush;
+    r.local_pending = false;
+    r.verdict_pending = false;
+    ready_.push_back(&r);
+    return true;
+  }
+  if (passed < peer.last_get) return false;  // an earlier GET is still on its way back
+  device::Descriptor* d = lane.fifo().try_reserve();
+  if (d == nullptr) return false;
+  const wire::PacketHeader h = wire::make_header(wire::PacketType::fence, 0, r.id(), 0, 0, 0, 0, 0);
+  d->kind = device::DescriptorKind::packet;
+  d->packet.inline_len = static_cast<std::uint16_t>(wire::encode(h, {}, d->packet.inline_data));
+  d->packet.payload = nullptr;
+  d->packet.payload_len = 0;
+  d->packet.payload_keyed = false;
+  lane.fifo().commit(Callback{&AmEngine::on_send_local, &r});
+  ++stats_.fences_by_message;
+  ++stats_.packets_sent;
+  return true;
+}
+
+// Target: every earlier packet and PUT from peer is handled and placed.
+void AmEngine::on_fence(Peer& peer, const wire::PacketView& v) {
+  ++stats_.fences_answered;
+  if (fence_handler_.fn != nullptr) fence_handler_.fn(fence_handler_.cookie, peer.endpoint);
+  ack(peer, v.header.message_id, 0, false);
+}
+
+}  // namespace ami::protocol
