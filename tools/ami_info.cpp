@@ -70,7 +70,9 @@ int main(int argc, char** argv) {
     const std::string lines = client.describe_backends();
     for (std::size_t start = 0, end; start < lines.size(); start = end + 1) {
       end = lines.find('\n', start);
-      std::printf("# backend %s\n", lines.substr(start, end - start).c_str());
+      const std::string line = lines.substr(start, end - start);
+      // The fence line says how fences work across the backends; the rest are backends.
+      std::printf(line.starts_with("fence: ") ? "# %s\n" : "# backend %s\n", line.c_str());
       if (end == std::string::npos) break;
     }
   } catch (const ami::Error& e) {
