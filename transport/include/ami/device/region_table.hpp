@@ -43,8 +43,10 @@ class RegionTable {
     return {StatusCode::no_resource, "register_memory: the region table is full (AMI_MAX_REGIONS)"};
   }
 
-  // Setup only: called with the region's number by remove(), after the slot
-  // is retired, so a backend can drop its own registration of it.
+  // Setup only: called with the region's number by remove(), before the
+  // slot is retired, so a backend can drop its own registration of it while
+  // no other thread can take the slot (and have its fresh registration
+  // dropped instead).
   void on_remove(std::function<void(std::uint32_t region)> hook) { on_remove_ = std::move(hook); }
 
   void remove(std::uint32_t region) {
@@ -52,8 +54,8 @@ class RegionTable {
     Slot& s = slots_[region];
     const std::uint32_t gen = s.generation.load(std::memory_order_relaxed);
     if (!(gen & 1u)) return;
-    s.generation.store(gen + 1, std::memory_order_release);
     if (on_remove_) on_remove_(region);
+    s.generation.store(gen + 1, std::memory_order_release);
   }
 
   // May [address, address + bytes) of the key's region be accessed? Returns
