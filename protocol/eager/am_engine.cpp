@@ -1,5 +1,6 @@
 // protocol/eager/am_engine.cpp — setup, the send side and the work queue.
 #include "protocol/eager/am_engine.hpp"
+#include "protocol/eager/packet_build.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -15,40 +16,6 @@ constexpr std::size_t kShortHeader = wire::kShortHeaderBytes;
 // can stop the message before much of it is on the wire.
 constexpr std::uint64_t kFirstEager = 512;
 
-// Completes d as a packet whose n header bytes are already inline: the
-// payload goes inline too when it fits (so the caller's buffer is free at
-// once), and is referenced otherwise.
-// key: the payload's registration, when it has one.
-void finish_packet(device::Descriptor& d, std::size_t n, std::span<const std::byte> payload,
-                   const device::Registration* key = nullptr) {
-  d.kind = device::DescriptorKind::packet;
-  device::PacketDescriptor& p = d.packet;
-  p.payload_keyed = key != nullptr;
-  p.payload_key = key != nullptr ? key->local_key : 0;
-  if (n + payload.size() <= device::kPacketInlineBytes) {
-    if (!payload.empty()) std::memcpy(p.inline_data + n, payload.data(), payload.size());
-    n += payload.size();
-    p.payload = nullptr;
-    p.payload_len = 0;
-  } else {
-    p.payload = payload.data();
-    p.payload_len = static_cast<std::uint32_t>(payload.size());
-  }
-  p.inline_len = static_cast<std::uint16_t>(n);
-}
-
-void build_packet(device::Descriptor& d, const wire::PacketHeader& h,
-                  std::span<const std::byte> user_header, std::span<const std::byte> payload) {
-  finish_packet(d, wire::encode(h, user_header, d.packet.inline_data), payload);
-}
-
-// A whole message that wants no answer: the short header.
-void build_short(device::Descriptor& d, std::uint16_t dispatch, std::span<const std::byte> user_header,
-                 std::span<const std::byte> payload, const device::Registration* key = nullptr) {
-  const auto n = static_cast<std::uint32_t>(payload.size());
-  finish_packet(d, wire::encode_short(dispatch, n, user_header, d.packet.inline_data), payload, key);
-}
-
 }  // namespace
 
 AmEngine::AmEngine(Shape shape, ContextStats& stats)
@@ -61,11 +28,6 @@ AmEngine::AmEngine(Shape shape, ContextStats& stats)
     }
   busy_.reserve(peers_.size());
   lanes_.reserve(peers_.size());
-  inbound_free_.reserve(inbound_.size());
-  for (std::uint32_t i = static_cast<std::uint32_t>(inbound_.size()); i-- > 0;) {
-    inbound_[i].index = i;
-    inbound_free_.push_back(i);
-  }
 }
 
 Status AmEngine::set_dispatch(std::uint16_t id, Dispatch dispatch) {
@@ -284,10 +246,8 @@ bool AmEngine::inject_send(Peer& peer, Request& r) {
     }
     const auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>(room, r.total - r.sent));
     if (r.started) {
-      const wire::PacketHeader h =
-          wire::make_header(wire::PacketType::am_more, r.dispatch, r.id(), r.total, r.sent, n, 0, 0);
-      finish_packet(*d, wire::encode(h, {}, d->packet.inline_data), {r.payload + r.sent, n},
-                    r.rndv ? &r.registration : nullptr);
+      build_packet(*d, wire::make_header(wire::PacketType::am_more, r.dispatch, r.id(), r.total, r.sent, n, 0, 0),
+                   {}, {r.payload + r.sent, n}, r.rndv ? &r.registration : nullptr);
     } else {
       const wire::PacketHeader h = wire::make_header(wire::PacketType::am_first, r.dispatch, r.id(), r.total,
                                                      0, n, static_cast<std::uint16_t>(hdr), r.flags);

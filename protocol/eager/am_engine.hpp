@@ -102,7 +102,6 @@ class AmEngine final : public device::PacketSink {
     wire::RendezvousInfo source{};  // the sender's buffer
     device::Registration registration{};
     bool owns_registration = false;
-    bool has_registration = false;
     std::uint32_t gets_pending = 0;
     std::uint64_t bottom = 0;       // split_get: the first GET covers [bottom, total)
     bool end_seen = false;          // the cts or fin came
@@ -110,7 +109,7 @@ class AmEngine final : public device::PacketSink {
     bool in_place = false;          // every byte is in place (done ran)
     bool waiting = false;           // deferred by its handler; accept() not called yet
     Status failure;
-    std::uint64_t id() const { return (std::uint64_t{1} << 63) | (std::uint64_t{generation} << 32) | index; }
+    std::uint64_t id() const { return pool_id(index, generation); }
   };
   // The message whose eager packets are arriving from one origin.
   struct Reassembly {
@@ -200,7 +199,6 @@ class AmEngine final : public device::PacketSink {
   void on_stop(Peer& peer, const wire::PacketView& v);
   void on_end(Peer& peer, const wire::PacketView& v);
   void check_inbound(Inbound& in);
-  Inbound* find_inbound(std::uint64_t id);
 
   // Does [first, first + bytes) lie inside m (a live registration)?
   static bool inside(const Memory* m, const std::byte* first, std::uint64_t bytes) {
@@ -221,11 +219,10 @@ class AmEngine final : public device::PacketSink {
   std::vector<Peer*> busy_;
   std::array<Dispatch, kMaxDispatch> dispatch_{};
   RequestPool pool_;
-  std::vector<Inbound> inbound_;       // AMI_MAX_REQUESTS of them
+  IdPool<Inbound> inbound_;            // AMI_MAX_REQUESTS of them
   std::vector<Inbound*> accepted_;     // accepted with nothing to fetch: done runs in advance()
   std::vector<Request*> ready_;        // finished inside a post call: settled in advance()
   FenceHandler fence_handler_{};
-  std::vector<std::uint32_t> inbound_free_;
 };
 
 }  // namespace ami::protocol

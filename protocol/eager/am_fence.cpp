@@ -11,6 +11,7 @@
 // everything injected before it. No count of outstanding operations per
 // peer is kept either way.
 #include "protocol/eager/am_engine.hpp"
+#include "protocol/eager/packet_build.hpp"
 
 namespace ami::protocol {
 
@@ -72,12 +73,7 @@ bool AmEngine::inject_fence(Peer& peer, Request& r) {
   if (passed < peer.last_get) return false;  // an earlier GET is still on its way back
   device::Descriptor* d = lane.fifo().try_reserve();
   if (d == nullptr) return false;
-  const wire::PacketHeader h = wire::make_header(wire::PacketType::fence, 0, r.id(), 0, 0, 0, 0, 0);
-  d->kind = device::DescriptorKind::packet;
-  d->packet.inline_len = static_cast<std::uint16_t>(wire::encode(h, {}, d->packet.inline_data));
-  d->packet.payload = nullptr;
-  d->packet.payload_len = 0;
-  d->packet.payload_keyed = false;
+  build_packet(*d, wire::make_header(wire::PacketType::fence, 0, r.id(), 0, 0, 0, 0, 0), {}, {});
   lane.fifo().commit(Callback{&AmEngine::on_send_local, &r});
   ++stats_.fences_by_message;
   ++stats_.packets_sent;

@@ -110,7 +110,7 @@ void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {
   Receive recv;
   // A message can wait for its buffer when it can be stopped and a record
   // is free for it (stop() below then cannot fail).
-  const bool can_defer = rndv && !inbound_free_.empty();
+  const bool can_defer = rndv && !inbound_.exhausted();
   d.fn(d.cookie, Incoming{in.origin, in.dispatch, in.header, {}, in.total_bytes, can_defer}, &recv);
   Deferred* defer = can_defer && recv.buffer == nullptr ? recv.defer : nullptr;
   rx = Reassembly{.active = true, .message_id = v.header.message_id, .total = v.header.total_len,

@@ -38,13 +38,9 @@ void AmEngine::consider_stop(Peer& peer, bool first_packet) {
 // record is free or the receive buffer cannot be registered.
 bool AmEngine::stop(Peer& peer, const rndv::Decision& d) {
   Reassembly& rx = peer.rx;
-  if (inbound_free_.empty()) return false;
-  Inbound& in = inbound_[inbound_free_.back()];
-  const std::uint32_t index = in.index;
-  const std::uint32_t generation = (in.generation + 1) & 0x7FFFFFFFu;
-  in = Inbound{};
-  in.index = index;
-  in.generation = generation;
+  Inbound* record = inbound_.acquire();
+  if (record == nullptr) return false;
+  Inbound& in = *record;
   in.engine = this;
   in.peer = static_cast<std::uint32_t>(&peer - peers_.data());
   in.message_id = rx.message_id;
@@ -55,9 +51,10 @@ bool AmEngine::stop(Peer& peer, const rndv::Decision& d) {
   in.answer_flags = rx.answer_flags;
   in.mode = d.mode;
   in.source = rx.source;
-  if (in.buffer != nullptr && !take_registration(in, rx.memory)) return false;
-  in.live = true;
-  inbound_free_.pop_back();
+  if (in.buffer != nullptr && !take_registration(in, rx.memory)) {
+    inbound_.release(in);
+    return false;
+  }
   rx.stopped = &in;
   if (rx.defer != nullptr) {
     in.waiting = true;
@@ -97,13 +94,12 @@ bool AmEngine::take_registration(Inbound& in, const Memory* m) {
   } else {
     in.owns_registration = true;
   }
-  in.has_registration = true;
   return true;
 }
 
 // The buffer for a message its handler deferred: GET it all now.
 Status AmEngine::accept(std::uint64_t id, std::byte* buffer, Callback done, const Memory* memory) {
-  Inbound* in = find_inbound(id);
+  Inbound* in = inbound_.find(id);
   if (in == nullptr || !in->waiting)
     return {StatusCode::invalid_argument, "accept: no deferred message has that id (accepted already?)"};
   in->buffer = buffer;
@@ -156,18 +152,8 @@ void AmEngine::check_inbound(Inbound& in) {
   if (in.in_place && in.end_seen) {
     Peer& peer = peers_[in.peer];
     if (peer.rx.stopped == &in) peer.rx = Reassembly{};
-    in.live = false;
-    inbound_free_.push_back(in.index);
+    inbound_.release(in);
   }
-}
-
-AmEngine::Inbound* AmEngine::find_inbound(std::uint64_t id) {
-  if ((id >> 63) == 0) return nullptr;
-  const auto index = static_cast<std::uint32_t>(id & 0xFFFFFFFFu);
-  const auto generation = static_cast<std::uint32_t>((id >> 32) & 0x7FFFFFFFu);
-  if (index >= inbound_.size()) return nullptr;
-  Inbound& in = inbound_[index];
-  return (in.live && in.generation == generation) ? &in : nullptr;
 }
 
 // Sender: the receiver stopped message v.message_id. No more eager packets;
@@ -187,7 +173,6 @@ void AmEngine::on_stop(Peer& peer, const wire::PacketView& v) {
     return;
   }
   r->stopped = true;
-  r->stop_record = v.header.offset;
   r->eager_end = r->sent;  // no more eager packets
   ++stats_.rndv_stopped;
   if (peer.head == r) {
@@ -235,7 +220,7 @@ void AmEngine::on_put_done(void* cookie, Status s) {
 // in; a split_get GETs the middle neither the eager packets nor its first
 // GET covered.
 void AmEngine::on_end(Peer& peer, const wire::PacketView& v) {
-  Inbound* in = find_inbound(v.header.message_id);
+  Inbound* in = inbound_.find(v.header.message_id);
   const bool fin = v.type() == wire::PacketType::fin;
   if (in == nullptr || in->end_seen || &peers_[in->peer] != &peer || v.header.total_len != in->total ||
       fin != (in->mode == wire::StopMode::stop_put) || (!fin && v.header.flags != 0)) {

@@ -3,8 +3,8 @@
 //
 // Sized once at setup (AMI_MAX_REQUESTS): the data path never allocates. A
 // request's id (index and generation) travels on the wire and comes back in
-// a remote_done; find() refuses ids that name no live request, so a stale or
-// forged id is dropped, never trusted.
+// an ack or a stop; find() refuses ids that name no live request, so a stale
+// or forged id is dropped, never trusted.
 #pragma once
 
 #include <array>
@@ -62,57 +62,70 @@ struct Request {
   device::DescriptorKind rdma_kind = device::DescriptorKind::put;
   device::RdmaDescriptor rdma{};
 
-  // the receiver's side of a stopped message (its id for it, for cts/fin)
-  std::uint64_t stop_record = 0;
-
   // fence_all: the fences to each peer still to answer
   std::uint32_t children = 0;
 
-  std::uint64_t id() const { return (std::uint64_t{1} << 63) | (std::uint64_t{generation} << 32) | index; }
+  std::uint64_t id() const;
 };
 
-class RequestPool {
+
+
+// A fixed pool of T (Request, or the engine's record of a stopped message),
+// each with an index, a generation and a live flag. acquire() hands out a
+// fresh T (index kept, generation bumped); id() names it on the wire, and
+// find() refuses an id that names no live T.
+inline std::uint64_t pool_id(std::uint32_t index, std::uint32_t generation) {
+  return (std::uint64_t{1} << 63) | (std::uint64_t{generation} << 32) | index;
+}
+
+template <class T>
+class IdPool {
  public:
-  explicit RequestPool(std::uint32_t capacity) : requests_(capacity) {
+  explicit IdPool(std::uint32_t capacity) : items_(capacity) {
     free_.reserve(capacity);
     for (std::uint32_t i = capacity; i-- > 0;) {
-      requests_[i].index = i;
+      items_[i].index = i;
       free_.push_back(i);
     }
   }
 
-  std::size_t in_use() const { return requests_.size() - free_.size(); }
+  std::size_t in_use() const { return items_.size() - free_.size(); }
+  bool exhausted() const { return free_.empty(); }
 
-  Request* acquire() {
+  T* acquire() {
     if (free_.empty()) return nullptr;
-    Request& r = requests_[free_.back()];
+    T& t = items_[free_.back()];
     free_.pop_back();
-    const std::uint32_t index = r.index;
-    const std::uint32_t generation = (r.generation + 1) & 0x7FFFFFFFu;
-    r = Request{};
-    r.index = index;
-    r.generation = generation;
-    r.live = true;
-    return &r;
+    const std::uint32_t index = t.index;
+    const std::uint32_t generation = (t.generation + 1) & 0x7FFFFFFFu;
+    t = T{};
+    t.index = index;
+    t.generation = generation;
+    t.live = true;
+    return &t;
   }
 
-  void release(Request& r) {
-    r.live = false;
-    free_.push_back(r.index);
+  void release(T& t) {
+    t.live = false;
+    free_.push_back(t.index);
   }
 
-  Request* find(std::uint64_t id) {
+  T* find(std::uint64_t id) {
     if ((id >> 63) == 0) return nullptr;
     const auto index = static_cast<std::uint32_t>(id & 0xFFFFFFFFu);
     const auto generation = static_cast<std::uint32_t>((id >> 32) & 0x7FFFFFFFu);
-    if (index >= requests_.size()) return nullptr;
-    Request& r = requests_[index];
-    return (r.live && r.generation == generation) ? &r : nullptr;
+    if (index >= items_.size()) return nullptr;
+    T& t = items_[index];
+    return (t.live && t.generation == generation) ? &t : nullptr;
   }
 
  private:
-  std::vector<Request> requests_;
+  std::vector<T> items_;
   std::vector<std::uint32_t> free_;
 };
+
+inline std::uint64_t Request::id() const { return pool_id(index, generation); }
+
+using RequestPool = IdPool<Request>;
 
 }  // namespace ami::protocol

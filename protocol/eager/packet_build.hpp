@@ -1,0 +1,50 @@
+// protocol/eager/packet_build.hpp — filling an injection FIFO slot with a
+// packet: the fixed header, the user header, and the payload inline when it
+// fits or referenced (with its registration's key, when it has one).
+#pragma once
+
+#include <cstring>
+#include <span>
+
+#include "ami/device/descriptor.hpp"
+#include "ami/device/registrar.hpp"
+#include "protocol/wire/packet.hpp"
+
+namespace ami::protocol {
+
+// Completes d as a packet whose n header bytes are already inline: the
+// payload goes inline too when it fits (so the caller's buffer is free at
+// once), and is referenced otherwise.
+// key: the payload's registration, when it has one.
+inline void finish_packet(device::Descriptor& d, std::size_t n, std::span<const std::byte> payload,
+                   const device::Registration* key = nullptr) {
+  d.kind = device::DescriptorKind::packet;
+  device::PacketDescriptor& p = d.packet;
+  p.payload_keyed = key != nullptr;
+  p.payload_key = key != nullptr ? key->local_key : 0;
+  if (n + payload.size() <= device::kPacketInlineBytes) {
+    if (!payload.empty()) std::memcpy(p.inline_data + n, payload.data(), payload.size());
+    n += payload.size();
+    p.payload = nullptr;
+    p.payload_len = 0;
+  } else {
+    p.payload = payload.data();
+    p.payload_len = static_cast<std::uint32_t>(payload.size());
+  }
+  p.inline_len = static_cast<std::uint16_t>(n);
+}
+
+inline void build_packet(device::Descriptor& d, const wire::PacketHeader& h,
+                  std::span<const std::byte> user_header, std::span<const std::byte> payload,
+                  const device::Registration* key = nullptr) {
+  finish_packet(d, wire::encode(h, user_header, d.packet.inline_data), payload, key);
+}
+
+// A whole message that wants no answer: the short header.
+inline void build_short(device::Descriptor& d, std::uint16_t dispatch, std::span<const std::byte> user_header,
+                 std::span<const std::byte> payload, const device::Registration* key = nullptr) {
+  const auto n = static_cast<std::uint32_t>(payload.size());
+  finish_packet(d, wire::encode_short(dispatch, n, user_header, d.packet.inline_data), payload, key);
+}
+
+}  // namespace ami::protocol
