@@ -1,16 +1,25 @@
 // shm_backend/shm_datapath.cpp — the per-message path: lanes into peers'
 // rings, and the context's own ring out to the protocol.
+#include <algorithm>
 #include <cstring>
 
 #include "shm_backend/shm_device.hpp"
 
 namespace ami::shm {
 
+namespace {
+constexpr Status kPeerExited{StatusCode::peer_failed, "shm: the peer process exited"};
+}  // namespace
+
 ShmDevice::ShmDevice(ShmDomain& domain, std::uint16_t context, std::uint32_t fifo_depth)
     : domain_(domain), context_(context), fifo_depth_(fifo_depth),
       lanes_(std::size_t{domain.tasks()} * domain.contexts()) {
   active_.reserve(lanes_.size());
   responses_.reserve(lanes_.size());
+  // Ring cells go back to the producers in batches of an eighth of the ring
+  // (and in every lull, by return_credit()).
+  device::ReceptionQueue& q = domain_.own_queue(context_);
+  q.set_credit_batch(q.depth() / 8);
 }
 
 bool ShmDevice::can_reach(Endpoint peer) const {
@@ -25,6 +34,11 @@ device::Lane* ShmDevice::lane(Endpoint peer) {
     l = std::make_unique<ShmLane>(*this, peer, fifo_depth_, domain_.peer_queue(peer.task, peer.context),
                                   domain_.pid(peer.task));
     active_.push_back(l.get());
+    if (domain_.dead(peer.task)) {
+      l->failure_ = kPeerExited;
+      l->drain_to_ = domain_.own_queue(context_).tail();
+      ++failed_lanes_;
+    }
   }
   return l.get();
 }
@@ -53,6 +67,7 @@ ShmDevice::Step ShmDevice::execute(ShmLane& lane, std::uint64_t n) {
 // run: a descriptor that cannot finish now holds back those behind it, as
 // an RC send queue does.
 std::size_t ShmDevice::drain_lane(ShmLane& lane, bool packets_only) {
+  if (!lane.failure_.ok()) return 0;  // tend_failed_lanes() fails what it is given
   auto& fifo = lane.fifo();
   const std::uint64_t start = fifo.counter().snapshot();
   std::uint64_t n = start;
@@ -95,8 +110,41 @@ void ShmDevice::deliver(device::PacketSink& sink, const device::ReceptionQueue::
   }
 }
 
-std::size_t ShmDevice::progress(device::PacketSink& sink, std::size_t budget) {
+// Lanes whose peer process exited: what their FIFOs hold fails, GETs being
+// answered for the peer are dropped, and the sink hears of each once —
+// after this context's ring has given up every cell reserved before the
+// exit was seen, so what the peer sent before it died is delivered first.
+std::size_t ShmDevice::tend_failed_lanes(device::PacketSink& sink) {
   std::size_t work = 0;
+  if ((++progress_calls_ & 255) == 0) domain_.watch();
+  const std::uint64_t deaths = domain_.deaths();
+  device::ReceptionQueue& own = domain_.own_queue(context_);
+  if (deaths != deaths_seen_) {
+    deaths_seen_ = deaths;
+    for (ShmLane* lane : active_)
+      if (lane->failure_.ok() && domain_.dead(lane->peer().task)) {
+        lane->failure_ = kPeerExited;
+        lane->drain_to_ = own.tail();
+        ++failed_lanes_;
+      }
+    std::erase_if(responses_, [&](const GetResponse& r) { return domain_.dead(r.to.task); });
+  }
+  if (failed_lanes_ == 0) return 0;
+  for (ShmLane* lane : active_) {
+    if (lane->failure_.ok() || own.consumed() < lane->drain_to_) continue;
+    auto& fifo = lane->fifo();
+    if (fifo.counter().snapshot() < fifo.injected()) work += fifo.fail_pending(lane->failure_);
+    if (!lane->reported_) {
+      lane->reported_ = true;
+      sink.on_lane_failed(lane->peer(), lane->failure_);
+      ++work;
+    }
+  }
+  return work;
+}
+
+std::size_t ShmDevice::progress(device::PacketSink& sink, std::size_t budget) {
+  std::size_t work = tend_failed_lanes(sink);
   for (std::size_t i = 0; i < active_.size(); ++i) work += drain_lane(*active_[i]);
   if (!responses_.empty()) work += serve_get_responses();
   device::ReceptionQueue& q = domain_.own_queue(context_);
@@ -115,6 +163,8 @@ namespace ami::shm {
 std::uint64_t ShmLane::rdma_crossover() const {
   return device_.domain_.cma() ? std::uint64_t{8} << 10 : std::uint64_t{1} << 20;
 }
+
+std::size_t ShmDevice::return_credit() { return domain_.own_queue(context_).publish(); }
 
 unsigned ShmDevice::reception_load() const {
   device::ReceptionQueue& q = domain_.own_queue(context_);

@@ -45,6 +45,9 @@ class ShmLane final : public device::Lane {
   std::uint64_t put_sent_ = 0;
   bool get_waiting_ = false;
   std::uint64_t get_received_ = 0;
+  Status failure_;         // not ok once the peer process exited
+  std::uint64_t drain_to_ = 0;  // own ring position: its cells are all below (see tend_failed_lanes)
+  bool reported_ = false;  // the sink has been told
 };
 
 class ShmDevice final : public device::Device {
@@ -56,6 +59,9 @@ class ShmDevice final : public device::Device {
   device::Lane* lane(Endpoint peer) override;
   std::size_t progress(device::PacketSink& sink, std::size_t budget) override;
   unsigned reception_load() const override;
+  // Publishes the head of the context's ring: cells consumed since the last
+  // batch go back to the producers.
+  std::size_t return_credit() override;
 
   // Cells dropped because they failed a check (origin, kind, key, tag).
   std::uint64_t dropped() const { return dropped_; }
@@ -109,6 +115,10 @@ class ShmDevice final : public device::Device {
   std::vector<GetResponse> responses_;           // GETs being answered through the rings
   std::vector<SharedView> shared_views_;         // bounded by kMaxSharedViews
   std::uint64_t dropped_ = 0;
+  std::uint32_t progress_calls_ = 0;
+  std::uint64_t deaths_seen_ = 0;                // domain_.deaths() when last looked
+  std::size_t failed_lanes_ = 0;
+  std::size_t tend_failed_lanes(device::PacketSink& sink);
 };
 
 }  // namespace ami::shm

@@ -1,10 +1,14 @@
 // shm_backend/shm_domain.cpp — setup of the shared-memory domain.
 #include "shm_backend/shm_domain.hpp"
 
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 
 namespace ami::shm {
 
@@ -35,8 +39,41 @@ Status ShmDomain::attach(const PeerAddress& peer) {
   auto segment = std::make_unique<PeerSegment>();
   Status s = segment->open(peer.pid, peer.fd, peer.task, peer.contexts);
   if (!s.ok()) return s;
-  peers_[peer.task] = Peer{std::move(segment), peer.pid};
+  Peer& p = peers_[peer.task];
+  p.segment = std::move(segment);
+  p.pid = peer.pid;
+  // A pidfd says when the process exits, and cannot name another process
+  // that reuses its pid later.
+  p.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(peer.pid), 0));
   return Status::success();
+}
+
+ShmDomain::~ShmDomain() {
+  for (Peer& p : peers_)
+    if (p.pidfd >= 0) ::close(p.pidfd);
+}
+
+void ShmDomain::watch() {
+  std::unique_lock lock(watch_lock_, std::try_to_lock);
+  if (!lock.owns_lock()) return;  // another context is looking
+  const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::steady_clock::now().time_since_epoch())
+                               .count();
+  if (now < next_watch_ns_) return;
+  next_watch_ns_ = now + 10'000'000;
+  for (Peer& p : peers_) {
+    if (p.segment == nullptr || p.dead->load(std::memory_order_relaxed)) continue;
+    bool exited = false;
+    if (p.pidfd >= 0) {
+      pollfd f{p.pidfd, POLLIN, 0};
+      exited = ::poll(&f, 1, 0) == 1 && (f.revents & (POLLIN | POLLHUP | POLLERR)) != 0;
+    } else {
+      exited = ::kill(static_cast<pid_t>(p.pid), 0) != 0 && errno == ESRCH;
+    }
+    if (!exited) continue;
+    p.dead->store(true, std::memory_order_release);
+    deaths_.fetch_add(1, std::memory_order_acq_rel);
+  }
 }
 
 }  // namespace ami::shm

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string_view>
 #include <vector>
 
@@ -36,6 +37,9 @@ class ShmDomain {
  public:
   ShmDomain(std::uint32_t task, std::uint32_t tasks, std::uint16_t contexts,
             const DomainOptions& options, const device::RegionTable& regions);
+  ~ShmDomain();
+  ShmDomain(const ShmDomain&) = delete;
+  ShmDomain& operator=(const ShmDomain&) = delete;
 
   std::uint32_t task() const { return task_; }
   std::uint32_t tasks() const { return static_cast<std::uint32_t>(peers_.size()); }
@@ -49,6 +53,15 @@ class ShmDomain {
     return task < peers_.size() && peers_[task].segment != nullptr;
   }
   std::uint32_t pid(std::uint32_t task) const { return peers_[task].pid; }
+
+  // Peer processes that exited. Each context's device calls watch() now and
+  // then (it looks at most every 10 ms, whichever context asks); deaths()
+  // counts the exits seen so far and dead(task) says which.
+  void watch();
+  std::uint64_t deaths() const { return deaths_.load(std::memory_order_acquire); }
+  bool dead(std::uint32_t task) const {
+    return task < peers_.size() && peers_[task].dead->load(std::memory_order_acquire);
+  }
 
   device::ReceptionQueue& own_queue(std::uint16_t context) { return own_.queue(context); }
   device::ReceptionQueue& peer_queue(std::uint32_t task, std::uint16_t context) {
@@ -64,6 +77,8 @@ class ShmDomain {
   struct Peer {
     std::unique_ptr<PeerSegment> segment;
     std::uint32_t pid = 0;
+    int pidfd = -1;  // readable once the process exited; -1: checked by kill(pid, 0)
+    std::unique_ptr<std::atomic<bool>> dead = std::make_unique<std::atomic<bool>>(false);
   };
 
   std::uint32_t task_;
@@ -71,6 +86,9 @@ class ShmDomain {
   OwnSegment own_;
   std::vector<Peer> peers_;  // by task; empty where not on this host
   std::atomic<bool> cma_;
+  std::mutex watch_lock_;
+  std::int64_t next_watch_ns_ = 0;  // under watch_lock_
+  std::atomic<std::uint64_t> deaths_{0};
 };
 
 }  // namespace ami::shm

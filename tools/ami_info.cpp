@@ -66,13 +66,16 @@ int main(int argc, char** argv) {
   print_devices();
   try {
     ami::Client client(ami::ClientOptions{.name = "ami_info", .contexts = 1});
-    std::printf("# task %u of %u, %u context(s)\n", client.task(), client.size(), client.context_count());
+    const std::string_view bootstrap = client.bootstrap_name();
+    std::printf("# task %u of %u, %u context(s), bootstrap %.*s\n", client.task(), client.size(),
+                client.context_count(), static_cast<int>(bootstrap.size()), bootstrap.data());
     const std::string lines = client.describe_backends();
     for (std::size_t start = 0, end; start < lines.size(); start = end + 1) {
       end = lines.find('\n', start);
       const std::string line = lines.substr(start, end - start);
-      // The fence line says how fences work across the backends; the rest are backends.
-      std::printf(line.starts_with("fence: ") ? "# %s\n" : "# backend %s\n", line.c_str());
+      // The fence and acks lines say how those work across the backends; the rest are backends.
+      const bool protocol = line.starts_with("fence: ") || line.starts_with("acks: ");
+      std::printf(protocol ? "# %s\n" : "# backend %s\n", line.c_str());
       if (end == std::string::npos) break;
     }
   } catch (const ami::Error& e) {

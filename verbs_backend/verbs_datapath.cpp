@@ -209,6 +209,7 @@ void VerbsDevice::post(VerbsLane& lane) {
 void VerbsDevice::post_failed(VerbsLane& lane, const char* call, int rc) {
   log_qp(lane.qp_, call, errno_of_rc(rc));
   lane.broken_ = true;
+  ++broken_lanes_;
   lane.failure_ = {StatusCode::device_error, "verbs: ibv_post_send failed (see the log)"};
 }
 
@@ -243,6 +244,7 @@ void VerbsDevice::break_lane(VerbsLane& lane, std::uint64_t first_failed, Status
   auto& fifo = lane.fifo();
   lane.broken_ = true;
   lane.failure_ = status;
+  ++broken_lanes_;
   log("QP 0x%06x (context %u to task %u context %u): %s (vendor error 0x%x); failing its %llu operations "
       "from number %llu on",
       lane.qp_->qp_num, context_, lane.peer().task, lane.peer().context,
@@ -302,6 +304,12 @@ void VerbsDevice::replenish() {
   counters_.receives_reposted += n - queues_.to_repost.size();
 }
 
+std::size_t VerbsDevice::return_credit() {
+  const std::size_t before = queues_.to_repost.size();
+  if (before != 0) replenish();
+  return before - queues_.to_repost.size();
+}
+
 // Per lane after polling: post what the staging ring held back, fail what
 // a broken lane was given, and retire an unsignalled run once the lane is
 // quiet.
@@ -347,7 +355,18 @@ std::size_t VerbsDevice::progress(device::PacketSink& sink, std::size_t budget) 
     if (n < want) break;
   }
   if (queues_.to_repost.size() >= repost_batch_) replenish();
-  return polled + tend_lanes();
+  std::size_t work = polled + tend_lanes();
+  if (broken_lanes_ != 0) {
+    // After tend_lanes() failed what their FIFOs held.
+    for (VerbsLane* lane : active_)
+      if (lane->broken_ && !lane->reported_) {
+        lane->reported_ = true;
+        sink.on_lane_failed(lane->peer(), lane->failure_);
+        ++work;
+      }
+    broken_lanes_ = 0;
+  }
+  return work;
 }
 
 }  // namespace ami::verbs

@@ -92,6 +92,7 @@ class VerbsLane final : public device::Lane {
   std::uint32_t unsignalled_ = 0;                 // WRs since the last signalled one
   bool probe_outstanding_ = false;
   bool broken_ = false;
+  bool reported_ = false;  // the sink has heard it broke
   Status failure_;
   std::array<ibv_send_wr, kPostBatch> wr_{};
   std::array<ibv_sge, 2 * kPostBatch> sge_{};
@@ -109,6 +110,8 @@ class VerbsDevice final : public device::Device {
   std::size_t progress(device::PacketSink& sink, std::size_t budget) override;
   // Receive buffers not posted (being handled or waiting to be re-posted).
   unsigned reception_load() const override;
+  // Reposts every consumed receive buffer (not only full batches).
+  std::size_t return_credit() override;
 
   // Blocking waits: the completion channel's fd becomes readable after
   // arm() once a completion arrives; consume_event() then reads it.
@@ -156,6 +159,7 @@ class VerbsDevice final : public device::Device {
   // Lanes made so far; reserved for all, so a callback that makes a lane
   // while the list is being walked never moves it.
   std::vector<VerbsLane*> active_;
+  std::size_t broken_lanes_ = 0;  // not yet reported to the sink
   Counters counters_;
 };
 

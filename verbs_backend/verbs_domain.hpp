@@ -52,7 +52,10 @@ struct VerbsOptions {
   std::optional<bool> use_rdma_cm;           // unset: rdma_cm on RoCE, address exchange on InfiniBand
   std::uint32_t staging_bytes = 64 * 1024;   // per lane: registered ring packet payloads are copied into
   std::uint32_t connect_timeout_ms = 30000;  // rdma_cm: for all lanes to one peer
-  std::uint8_t retry_count = 7;              // transport retries before IBV_WC_RETRY_EXC_ERR
+  // Transport retries before IBV_WC_RETRY_EXC_ERR. Not 7: soft-RoCE takes 7
+  // as "retry forever" (as the spec has it for rnr_retry only), so a dead
+  // peer would never fail its lane there; 6 x 67 ms finds one in about 0.5 s.
+  std::uint8_t retry_count = 6;
   std::uint8_t rnr_retry = 7;                // 7: retry forever while the peer's SRQ is empty
   std::uint8_t timeout = 14;                 // local ACK timeout, 4.096 us * 2^timeout
   std::uint8_t min_rnr_timer = 12;           // 12: 0.64 ms between RNR retries

@@ -15,11 +15,20 @@ constexpr std::size_t kShortHeader = wire::kShortHeaderBytes;
 // much), doubling up to the largest: the receiver gets the header early and
 // can stop the message before much of it is on the wire.
 constexpr std::uint64_t kFirstEager = 512;
+// Eager packets of a message its receiver may stop go out at most this
+// many per pass of the work queue, so the receiver's stop (which travels
+// behind whatever its own lane holds) meets a short stream, not a FIFO's
+// worth of packets the rendezvous then makes useless.
+constexpr std::uint32_t kEagerBurst = 16;
 
 }  // namespace
 
 AmEngine::AmEngine(Shape shape, ContextStats& stats)
-    : shape_(shape), stats_(stats), pool_(shape.max_requests), inbound_(shape.max_requests) {
+    : shape_(shape),
+      stats_(stats),
+      pool_(shape.max_requests),
+      inbound_(shape.max_requests),
+      acks_(shape.tasks * shape.contexts, shape.ack_idle_threshold, shape.ack_max_unacked) {
   peers_.resize(std::size_t{shape.tasks} * shape.contexts);
   for (std::uint32_t t = 0; t < shape.tasks; ++t)
     for (std::uint16_t c = 0; c < shape.contexts; ++c) {
@@ -27,7 +36,10 @@ AmEngine::AmEngine(Shape shape, ContextStats& stats)
       p.endpoint = Endpoint{t, c};
     }
   busy_.reserve(peers_.size());
+  posted_.reserve(64);
+  running_.reserve(64);
   lanes_.reserve(peers_.size());
+  reached_.reserve(peers_.size());
 }
 
 Status AmEngine::set_dispatch(std::uint16_t id, Dispatch dispatch) {
@@ -50,6 +62,7 @@ device::Lane* AmEngine::lane_for(Peer& peer) {
     if (peer.lane == nullptr) return nullptr;
     peer.device = d;
     lanes_.push_back(peer.lane);
+    reached_.push_back(&peer);
     return peer.lane;
   }
   return nullptr;
@@ -89,6 +102,7 @@ Status AmEngine::check_send(const SendParams& p) const {
 
 Status AmEngine::send_immediate(const SendImmediateParams& p) {
   Status s = check_send(SendParams{p.dest, p.dispatch, p.header, p.payload, {}, {}});
+  if (s.ok()) s = check_alive(p.dest, "send_immediate: the endpoint's peer failed");
   if (!s.ok()) return s;
   Peer& peer = *peer_for(p.dest);
   device::Lane* lane = lane_for(peer);
@@ -111,6 +125,7 @@ Status AmEngine::send_immediate(const SendImmediateParams& p) {
 
 Status AmEngine::send(const SendParams& p) {
   Status s = check_send(p);
+  if (s.ok()) s = check_alive(p.dest, "send: the endpoint's peer failed");
   if (!s.ok()) return s;
   Peer& peer = *peer_for(p.dest);
   device::Lane* lane = lane_for(peer);
@@ -190,6 +205,9 @@ Status AmEngine::rdma(device::DescriptorKind kind, const RdmaParams& p, std::byt
   Peer* peer = peer_for(p.dest);
   if (peer == nullptr) return {StatusCode::invalid_argument, "rdma: endpoint is out of range"};
   if (lane_for(*peer) == nullptr) return {StatusCode::unreachable, unreachable};
+  if (!peer->failure.ok())
+    return {StatusCode::peer_failed, kind == device::DescriptorKind::put ? "put: the endpoint's peer failed"
+                                                                         : "get: the endpoint's peer failed"};
   Request* r = acquire();
   if (r == nullptr) return {StatusCode::no_resource, "rdma: every request (AMI_MAX_REQUESTS) is in use"};
   r->kind = Request::Kind::rdma;
@@ -201,6 +219,12 @@ Status AmEngine::rdma(device::DescriptorKind kind, const RdmaParams& p, std::byt
   r->local_pending = true;
   enqueue(*peer, *r);
   ++(kind == device::DescriptorKind::put ? stats_.puts : stats_.gets);
+  return Status::success();
+}
+
+Status AmEngine::post(Callback work) {
+  if (!work) return {StatusCode::invalid_argument, "post: work has no function"};
+  posted_.push_back(work);
   return Status::success();
 }
 
@@ -234,7 +258,9 @@ void AmEngine::enqueue(Peer& peer, Request& r) {
 // out (or a stop ended the eager part).
 bool AmEngine::inject_send(Peer& peer, Request& r) {
   device::Lane& lane = *peer.lane;
+  std::uint32_t burst = 0;
   while (!r.started || r.sent < r.eager_end) {
+    if (r.rndv && !r.stopped && ++burst > kEagerBurst) return false;
     device::Descriptor* d = lane.fifo().try_reserve();
     if (d == nullptr) return false;
     const std::size_t hdr = r.started ? 0 : r.header_len;
@@ -249,8 +275,9 @@ bool AmEngine::inject_send(Peer& peer, Request& r) {
       build_packet(*d, wire::make_header(wire::PacketType::am_more, r.dispatch, r.id(), r.total, r.sent, n, 0, 0),
                    {}, {r.payload + r.sent, n}, r.rndv ? &r.registration : nullptr);
     } else {
+      const std::uint64_t seq = (r.flags & wire::kWantsAnswer) ? expect_answer(peer, r) : 0;
       const wire::PacketHeader h = wire::make_header(wire::PacketType::am_first, r.dispatch, r.id(), r.total,
-                                                     0, n, static_cast<std::uint16_t>(hdr), r.flags);
+                                                     seq, n, static_cast<std::uint16_t>(hdr), r.flags);
       std::size_t k = wire::encode(h, {r.header.data(), hdr}, d->packet.inline_data);
       if (info != 0) {
         wire::RendezvousInfo{r.registration.key, reinterpret_cast<std::uintptr_t>(r.payload)}.encode(
@@ -389,12 +416,40 @@ void AmEngine::settle(Request& r) {
     if (r.owns_registration) registrar_->release(r.registration);
     r.owns_registration = false;
     if (r.local_done) r.local_done(r.failure);
-    if (!r.failure.ok() && r.remote_pending) {
-      r.remote_pending = false;  // the message may never have arrived
-      r.remote_done(r.failure);
-    }
   }
-  if (!r.remote_pending) pool_.release(r);
+  if (!r.failure.ok() && r.remote_pending) {
+    r.remote_pending = false;  // the message may never have arrived (or its peer failed)
+    r.remote_done(r.failure);
+  }
+  if (r.remote_pending) return;
+  if (r.awaiting_ack) forget_answer(r);  // failed, or a stop_put's fin settled it
+  pool_.release(r);
+}
+
+// The peer answers in ack sequence order per lane, so r joins the tail.
+std::uint64_t AmEngine::expect_answer(Peer& peer, Request& r) {
+  Unanswered& u = peer.unanswered;
+  r.ack_seq = u.next_seq++;
+  r.awaiting_ack = true;
+  r.ack_next = nullptr;
+  r.ack_prev = u.tail;
+  if (u.tail != nullptr) u.tail->ack_next = &r; else u.head = &r;
+  u.tail = &r;
+  return r.ack_seq;
+}
+
+void AmEngine::forget_answer(Request& r) {
+  Unanswered& u = peers_[r.peer].unanswered;
+  if (r.ack_prev != nullptr) r.ack_prev->ack_next = r.ack_next; else u.head = r.ack_next;
+  if (r.ack_next != nullptr) r.ack_next->ack_prev = r.ack_prev; else u.tail = r.ack_prev;
+  r.ack_prev = r.ack_next = nullptr;
+  r.awaiting_ack = false;
+}
+
+AckPeerStats AmEngine::ack_stats(Endpoint dest) const {
+  if (dest.task >= shape_.tasks || dest.context >= shape_.contexts) return {};
+  const AckDispatcher::PeerStats& s = acks_.stats(dest.task * shape_.contexts + dest.context);
+  return AckPeerStats{s.messages_acked, s.acks_sent};
 }
 
 }  // namespace ami::protocol

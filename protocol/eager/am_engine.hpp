@@ -42,6 +42,7 @@
 #include "ami/dispatch.hpp"
 #include "ami/params.hpp"
 #include "ami/stats.hpp"
+#include "protocol/ack/ack_dispatcher.hpp"
 #include "protocol/eager/request_pool.hpp"
 #include "protocol/rndv/policy.hpp"
 #include "protocol/wire/packet.hpp"
@@ -57,6 +58,9 @@ class AmEngine final : public device::PacketSink {
     rndv::Mode rndv_mode = rndv::Mode::automatic;   // AMI_RNDV_MODE
     std::optional<std::uint64_t> rndv_crossover;    // AMI_RNDV_CROSSOVER; unset: the lane's
     unsigned rndv_low_water = 75;                   // AMI_RNDV_LOW_WATER
+    unsigned ack_idle_threshold = 8;                // AMI_ACK_IDLE_THRESHOLD
+    unsigned ack_max_unacked = 64;                  // AMI_ACK_MAX_UNACKED
+    unsigned keepalive_ms = 1000;                   // AMI_KEEPALIVE_INTERVAL (0: none)
   };
 
   AmEngine(Shape shape, ContextStats& stats);
@@ -72,16 +76,24 @@ class AmEngine final : public device::PacketSink {
   Status accept(std::uint64_t id, std::byte* buffer, Callback done, const Memory* memory);
   Status fence(Endpoint dest, Callback done);
   Status fence_all(Callback done);
+  // work runs (with ok) in a later advance(), in the order posted.
+  Status post(Callback work);
   void set_fence_handler(FenceHandler handler) { fence_handler_ = handler; }
+  void set_error_handler(PeerErrorHandler handler) { error_handler_ = handler; }
+  // peer_failed (naming the call) when dest's peer has failed, else ok.
+  Status check_alive(Endpoint dest, const char* failed) const;
   // local/local_key: the checked local range of p.local.
   Status rdma(device::DescriptorKind kind, const RdmaParams& p, std::byte* local,
               std::uint32_t local_key);
 
   std::size_t immediate_limit(Endpoint dest);
+  // Acks this context sent to dest's origin, and messages they covered.
+  AckPeerStats ack_stats(Endpoint dest) const;
   std::string_view backend_for(Endpoint dest);
   std::size_t advance();
 
   void on_packet(Endpoint origin, std::span<const std::byte> bytes) override;
+  void on_lane_failed(Endpoint peer, Status why) override;
 
  private:
   // A stopped message at its receiver, until every byte is in place and the
@@ -93,6 +105,7 @@ class AmEngine final : public device::PacketSink {
     AmEngine* engine = nullptr;
     std::uint32_t peer = 0;
     std::uint64_t message_id = 0;  // the sender's
+    std::uint64_t ack_seq = 0;     // the sender's ack sequence number for it
     std::uint64_t total = 0;
     std::byte* buffer = nullptr;   // null: the data is discarded
     Callback done;
@@ -115,6 +128,7 @@ class AmEngine final : public device::PacketSink {
   struct Reassembly {
     bool active = false;
     std::uint64_t message_id = 0;
+    std::uint64_t ack_seq = 0;
     std::uint64_t total = 0;
     std::uint64_t received = 0;
     std::byte* buffer = nullptr;
@@ -148,6 +162,13 @@ class AmEngine final : public device::PacketSink {
     static constexpr std::uint16_t kPutPending = 1;
     static constexpr std::uint16_t kPutInFlight = 2;
   };
+  // Sender side: the requests that wait for an ack from one peer, in the
+  // order of their ack sequence numbers (doubly linked through Request).
+  struct Unanswered {
+    Request* head = nullptr;
+    Request* tail = nullptr;
+    std::uint64_t next_seq = 1;  // the next message wanting an answer gets this
+  };
   struct Peer {
     Endpoint endpoint;
     device::Device* device = nullptr;
@@ -156,6 +177,10 @@ class AmEngine final : public device::PacketSink {
     Request* tail = nullptr;
     std::vector<Control> controls;  // waiting for a FIFO slot, in order
     Reassembly rx;
+    Unanswered unanswered;
+    Status failure;               // not ok once the peer failed: nothing more goes to it
+    std::uint64_t heard = 0;      // packets that came from it
+    std::uint64_t heard_at_probe = 0;
     bool busy = false;
     std::uint64_t last_get = 0;  // FIFO position after the newest GET injected on the lane
   };
@@ -184,10 +209,21 @@ class AmEngine final : public device::PacketSink {
   // receiving (am_receive.cpp)
   void on_first(Peer& peer, const wire::PacketView& v);
   void on_more(Peer& peer, const wire::PacketView& v);
-  void on_ack(const wire::PacketView& v);
+  void on_ack(Peer& peer, const wire::PacketView& v);
+  void answer(Request& r, std::uint16_t flags);
   void complete_rx(Peer& peer, Status s);
-  void ack(Peer& peer, std::uint64_t message_id, std::uint16_t flags, bool remote_done);
+  // Hands a message that wants an answer to the ack dispatcher.
+  void ack(Peer& peer, std::uint64_t ack_seq, std::uint16_t flags, bool remote_done);
+  void emit_ack(std::uint32_t peer, const AckDispatcher::Range& range);
+  // Sender: r's first packet (or fence) goes out now and wants an answer.
+  std::uint64_t expect_answer(Peer& peer, Request& r);
+  void forget_answer(Request& r);
   void count_malformed(std::size_t reason);
+
+  // peer failure (am_failure.cpp)
+  void fail_peer(Peer& peer, Status why);
+  void keepalive();
+  void maybe_keepalive();
 
   // the rendezvous (am_rndv.cpp)
   void consider_stop(Peer& peer, bool first_packet);
@@ -220,9 +256,18 @@ class AmEngine final : public device::PacketSink {
   std::array<Dispatch, kMaxDispatch> dispatch_{};
   RequestPool pool_;
   IdPool<Inbound> inbound_;            // AMI_MAX_REQUESTS of them
+  AckDispatcher acks_;
   std::vector<Inbound*> accepted_;     // accepted with nothing to fetch: done runs in advance()
   std::vector<Request*> ready_;        // finished inside a post call: settled in advance()
+  std::vector<Callback> posted_;       // Context::post(): run in advance()
+  std::vector<Callback> running_;      // the posted work advance() is running (more may be posted meanwhile)
   FenceHandler fence_handler_{};
+  PeerErrorHandler error_handler_{};
+  std::vector<Peer*> reached_;         // peers with a lane, for keepalives
+  static constexpr std::size_t kKeepaliveBatch = 128;  // peers probed per round at most
+  std::size_t keepalive_cursor_ = 0;
+  std::uint32_t advances_ = 0;
+  std::int64_t next_keepalive_ns_ = 0;
 };
 
 }  // namespace ami::protocol

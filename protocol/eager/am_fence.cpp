@@ -19,6 +19,7 @@ Status AmEngine::fence(Endpoint dest, Callback done) {
   Peer* peer = peer_for(dest);
   if (peer == nullptr) return {StatusCode::invalid_argument, "fence: endpoint is out of range"};
   if (lane_for(*peer) == nullptr) return {StatusCode::unreachable, "fence: no backend reaches the endpoint"};
+  if (!peer->failure.ok()) return {StatusCode::peer_failed, "fence: the endpoint's peer failed"};
   Request* r = acquire();
   if (r == nullptr) return {StatusCode::no_resource, "fence: every request (AMI_MAX_REQUESTS) is in use"};
   r->kind = Request::Kind::fence;
@@ -73,7 +74,8 @@ bool AmEngine::inject_fence(Peer& peer, Request& r) {
   if (passed < peer.last_get) return false;  // an earlier GET is still on its way back
   device::Descriptor* d = lane.fifo().try_reserve();
   if (d == nullptr) return false;
-  build_packet(*d, wire::make_header(wire::PacketType::fence, 0, r.id(), 0, 0, 0, 0, 0), {}, {});
+  const std::uint64_t seq = expect_answer(peer, r);
+  build_packet(*d, wire::make_header(wire::PacketType::fence, 0, r.id(), 0, seq, 0, 0, 0), {}, {});
   lane.fifo().commit(Callback{&AmEngine::on_send_local, &r});
   ++stats_.fences_by_message;
   ++stats_.packets_sent;
@@ -84,7 +86,7 @@ bool AmEngine::inject_fence(Peer& peer, Request& r) {
 void AmEngine::on_fence(Peer& peer, const wire::PacketView& v) {
   ++stats_.fences_answered;
   if (fence_handler_.fn != nullptr) fence_handler_.fn(fence_handler_.cookie, peer.endpoint);
-  ack(peer, v.header.message_id, 0, false);
+  ack(peer, v.header.offset, 0, false);
 }
 
 }  // namespace ami::protocol

@@ -14,7 +14,12 @@ constexpr std::size_t kBadRendezvous = 9;
 }  // namespace
 
 std::size_t AmEngine::advance() {
-  std::size_t work = accepted_.size() + ready_.size();
+  std::size_t work = accepted_.size() + ready_.size() + posted_.size();
+  if (!posted_.empty()) {
+    running_.swap(posted_);  // work it posts runs in the next advance()
+    for (const Callback& c : running_) c(Status::success());
+    running_.clear();
+  }
   for (std::size_t i = 0; i < accepted_.size(); ++i) check_inbound(*accepted_[i]);
   accepted_.clear();
   while (!ready_.empty()) {  // (settling one may make another ready)
@@ -24,6 +29,16 @@ std::size_t AmEngine::advance() {
   }
   for (device::Device* d : devices_) work += d->progress(*this, 64);
   for (std::size_t i = 0; i < lanes_.size(); ++i) work += lanes_[i]->fifo().complete();
+  if (acks_.advance(stats_.packets_received, [this](std::uint32_t p, const AckDispatcher::Range& r) {
+        emit_ack(p, r);
+      })) {
+    // A lull: reception credit goes back too (shm ring cells, verbs receives).
+    std::size_t returned = 0;
+    for (device::Device* d : devices_) returned += d->return_credit();
+    if (returned != 0) ++stats_.credit_returns;
+  }
+  if (acks_.unacked() != 0) ++work;  // answers still owed: not idle yet
+  maybe_keepalive();
   for (std::size_t i = 0; i < busy_.size(); ++i) work += service(*busy_[i]);
   std::size_t kept = 0;
   for (Peer* p : busy_) {
@@ -52,16 +67,22 @@ void AmEngine::on_packet(Endpoint origin, std::span<const std::byte> bytes) {
     count_malformed(kBadOrigin);
     return;
   }
+  ++peer->heard;
+  if (!peer->failure.ok()) {
+    ++stats_.packets_from_failed;  // sent before it failed; nobody waits for them now
+    return;
+  }
   ++stats_.packets_received;
   switch (v.type()) {
     case wire::PacketType::am_first:
     case wire::PacketType::am_short: on_first(*peer, v); break;
     case wire::PacketType::am_more: on_more(*peer, v); break;
-    case wire::PacketType::ack: on_ack(v); break;
+    case wire::PacketType::ack: on_ack(*peer, v); break;
     case wire::PacketType::stop: on_stop(*peer, v); break;
     case wire::PacketType::cts:
     case wire::PacketType::fin: on_end(*peer, v); break;
     case wire::PacketType::fence: on_fence(*peer, v); break;
+    case wire::PacketType::keepalive: ++stats_.keepalives_received; break;
   }
 }
 
@@ -78,23 +99,25 @@ void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {
   const bool rndv = (v.header.flags & wire::kRendezvous) != 0;
   if (rndv && !wire::RendezvousInfo::decode(v.rendezvous, v.header.total_len, source)) {
     count_malformed(kBadRendezvous);
-    return;
+    return;  // (not answered: what its sender could do with the answer is unknown)
   }
   ++stats_.messages_received;
   stats_.bytes_received += v.payload.size();
   const bool wants_answer = (v.header.flags & wire::kWantsRemoteDone) != 0;
+  const std::uint64_t seq = v.header.offset;  // ack sequence number (0: no answer wanted)
   const bool whole = v.payload.size() == v.header.total_len;
-  const Dispatch d = dispatch_[v.header.dispatch];
+  // An id beyond the table names no handler: handled as an unknown one.
+  const Dispatch d = v.header.dispatch < kMaxDispatch ? dispatch_[v.header.dispatch] : Dispatch{};
   if (d.fn == nullptr) {
     ++stats_.unknown_dispatch;
     stats_.discarded_bytes += v.payload.size();
     if (whole) {
-      if (wants_answer || rndv) ack(peer, v.header.message_id, wire::kDispatchMissing, wants_answer);
+      if (seq != 0) ack(peer, seq, wire::kDispatchMissing, wants_answer);
       return;
     }
     // Dropped as it comes (or stopped: nobody wants it); acked at the end.
-    rx = Reassembly{.active = true, .message_id = v.header.message_id, .total = v.header.total_len,
-                    .received = v.payload.size(), .wants_remote_done = wants_answer,
+    rx = Reassembly{.active = true, .message_id = v.header.message_id, .ack_seq = seq,
+                    .total = v.header.total_len, .received = v.payload.size(), .wants_remote_done = wants_answer,
                     .answer_flags = wire::kDispatchMissing, .rndv = rndv, .source = source};
     if (rndv) consider_stop(peer, true);
     return;
@@ -103,7 +126,7 @@ void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {
                     static_cast<std::size_t>(v.header.total_len), false};
   if (whole) {
     d.fn(d.cookie, in, nullptr);
-    if (wants_answer || rndv) ack(peer, v.header.message_id, 0, wants_answer);
+    if (seq != 0) ack(peer, seq, 0, wants_answer);
     if (rndv) ++stats_.rndv_eager_complete;
     return;
   }
@@ -113,8 +136,8 @@ void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {
   const bool can_defer = rndv && !inbound_.exhausted();
   d.fn(d.cookie, Incoming{in.origin, in.dispatch, in.header, {}, in.total_bytes, can_defer}, &recv);
   Deferred* defer = can_defer && recv.buffer == nullptr ? recv.defer : nullptr;
-  rx = Reassembly{.active = true, .message_id = v.header.message_id, .total = v.header.total_len,
-                  .received = v.payload.size(), .buffer = static_cast<std::byte*>(recv.buffer),
+  rx = Reassembly{.active = true, .message_id = v.header.message_id, .ack_seq = seq,
+                  .total = v.header.total_len, .received = v.payload.size(), .buffer = static_cast<std::byte*>(recv.buffer),
                   .done = recv.done, .wants_remote_done = wants_answer, .answer_flags = 0,
                   .rndv = rndv, .zero_copy = recv.zero_copy, .memory = recv.memory, .defer = defer,
                   .piece = recv.buffer == nullptr && defer == nullptr ? recv.piece : nullptr,
@@ -178,38 +201,64 @@ void AmEngine::complete_rx(Peer& peer, Status s) {
   if (rx.done) rx.done(s);
   std::uint16_t flags = rx.answer_flags;
   if (!s.ok()) flags |= wire::kFailed;
-  if (rx.wants_remote_done || rx.rndv) ack(peer, rx.message_id, flags, rx.wants_remote_done);
+  if (rx.ack_seq != 0) ack(peer, rx.ack_seq, flags, rx.wants_remote_done);
 }
 
-void AmEngine::ack(Peer& peer, std::uint64_t message_id, std::uint16_t flags, bool remote_done) {
+void AmEngine::ack(Peer& peer, std::uint64_t ack_seq, std::uint16_t flags, bool remote_done) {
   if (remote_done) ++stats_.remote_done_sent;
+  acks_.complete(static_cast<std::uint32_t>(&peer - peers_.data()), ack_seq, flags,
+                 [this](std::uint32_t p, const AckDispatcher::Range& r) { emit_ack(p, r); });
+}
+
+void AmEngine::emit_ack(std::uint32_t p, const AckDispatcher::Range& range) {
+  Peer& peer = peers_[p];
+  if (!peer.failure.ok()) return;  // nobody to tell
   if (peer.controls.size() >= 4 * std::size_t{shape_.max_requests}) {
     // More answers owed than the origin can have requests: not an honest peer.
     count_malformed(kOutOfSequence);
     return;
   }
-  push_control(peer, Control{.type = wire::PacketType::ack, .flags = flags, .id = message_id});
+  stats_.messages_acked += range.count;
+  push_control(peer, Control{.type = wire::PacketType::ack, .flags = range.flags, .offset = range.first,
+                             .total = range.count});
 }
 
-void AmEngine::on_ack(const wire::PacketView& v) {
-  Request* r = pool_.find(v.header.message_id);
-  if (r == nullptr || r->kind == Request::Kind::rdma || (!r->remote_pending && !r->verdict_pending)) {
-    count_malformed(kOutOfSequence);
-    return;
-  }
+// Sender: the peer answers the messages [offset, offset + total_len) of its
+// ack sequence. They wait in the peer's list in sequence order, usually at
+// its head; messages answered by other means (a stop_put's fin) leave gaps.
+void AmEngine::on_ack(Peer& peer, const wire::PacketView& v) {
+  const std::uint64_t first = v.header.offset;
+  const std::uint64_t count = v.header.total_len;
+  Request* r = peer.unanswered.head;
+  while (r != nullptr && r->ack_seq < first) r = r->ack_next;
   ++stats_.acks_received;
-  Status s = Status::success();
-  if (v.header.flags & wire::kDispatchMissing)
-    s = {StatusCode::unknown_dispatch, "send: the target has no handler for the dispatch id"};
-  else if (v.header.flags & wire::kFailed)
-    s = {StatusCode::remote_access, "send: the target could not place every byte of the message"};
-  r->verdict_pending = false;
-  if (r->remote_pending) {
-    r->remote_pending = false;
-    ++stats_.remote_done_received;
-    r->remote_done(s);
+  for (std::uint64_t seq = first; seq - first < count; ++seq) {
+    if (r == nullptr || r->ack_seq != seq) {
+      // Answers a message that is not waiting: a duplicate or a forgery.
+      count_malformed(kOutOfSequence);
+      return;
+    }
+    Request* next = r->ack_next;
+    ++stats_.messages_ack_received;
+    answer(*r, v.header.flags);
+    r = next;
   }
-  settle(*r);
+}
+
+void AmEngine::answer(Request& r, std::uint16_t flags) {
+  forget_answer(r);
+  Status s = Status::success();
+  if (flags & wire::kDispatchMissing)
+    s = {StatusCode::unknown_dispatch, "send: the target has no handler for the dispatch id"};
+  else if (flags & wire::kFailed)
+    s = {StatusCode::remote_access, "send: the target could not place every byte of the message"};
+  r.verdict_pending = false;
+  if (r.remote_pending) {
+    r.remote_pending = false;
+    ++stats_.remote_done_received;
+    r.remote_done(s);
+  }
+  settle(r);
 }
 
 }  // namespace ami::protocol

@@ -44,6 +44,7 @@ bool AmEngine::stop(Peer& peer, const rndv::Decision& d) {
   in.engine = this;
   in.peer = static_cast<std::uint32_t>(&peer - peers_.data());
   in.message_id = rx.message_id;
+  in.ack_seq = rx.ack_seq;
   in.total = rx.total;
   in.buffer = rx.buffer;
   in.done = rx.done;
@@ -102,6 +103,10 @@ Status AmEngine::accept(std::uint64_t id, std::byte* buffer, Callback done, cons
   Inbound* in = inbound_.find(id);
   if (in == nullptr || !in->waiting)
     return {StatusCode::invalid_argument, "accept: no deferred message has that id (accepted already?)"};
+  if (!peers_[in->peer].failure.ok()) {
+    inbound_.release(*in);
+    return {StatusCode::peer_failed, "accept: the message's sender failed before it arrived"};
+  }
   in->buffer = buffer;
   if (buffer != nullptr && !take_registration(*in, memory)) {
     in->buffer = nullptr;
@@ -147,7 +152,7 @@ void AmEngine::check_inbound(Inbound& in) {
     std::uint16_t flags = in.answer_flags;
     if (!in.failure.ok()) flags |= wire::kFailed;
     if (in.mode != wire::StopMode::stop_put || in.wants_remote_done)
-      ack(peers_[in.peer], in.message_id, flags, in.wants_remote_done);
+      ack(peers_[in.peer], in.ack_seq, flags, in.wants_remote_done);
   }
   if (in.in_place && in.end_seen) {
     Peer& peer = peers_[in.peer];

@@ -31,6 +31,12 @@ struct Request {
   std::uint32_t peer = 0;
   AmEngine* engine = nullptr;  // the owner, reached from completion callbacks
   Request* next = nullptr;     // in the peer's work queue
+  // Waiting for an ack (a remote-done, a rendezvous verdict, a fence's
+  // answer): its ack sequence number and its place in the peer's list.
+  std::uint64_t ack_seq = 0;
+  Request* ack_prev = nullptr;
+  Request* ack_next = nullptr;
+  bool awaiting_ack = false;
 
   // send
   std::uint16_t dispatch = 0;
@@ -90,6 +96,12 @@ class IdPool {
   }
 
   std::size_t in_use() const { return items_.size() - free_.size(); }
+  // Calls fn(T&) for every live T (fn may release it).
+  template <class F>
+  void for_each_live(F&& fn) {
+    for (T& t : items_)
+      if (t.live) fn(t);
+  }
   bool exhausted() const { return free_.empty(); }
 
   T* acquire() {

@@ -34,8 +34,8 @@ DecodeError check_lengths(const PacketHeader& h, std::size_t size) {
   if (std::size_t{h.header_len} + extra > body || h.payload_len != body - h.header_len - extra)
     return DecodeError::bad_length;
   const auto type = static_cast<PacketType>(h.type);
-  const bool control = type == PacketType::ack || type == PacketType::stop ||
-                       type == PacketType::cts || type == PacketType::fin || type == PacketType::fence;
+  const bool control = type == PacketType::ack || type == PacketType::stop || type == PacketType::cts ||
+                       type == PacketType::fin || type == PacketType::fence || type == PacketType::keepalive;
   if (control && h.header_len != 0) return DecodeError::bad_length;
   if (type == PacketType::stop) {
     const bool put = h.dispatch == static_cast<std::uint16_t>(StopMode::stop_put);
@@ -55,11 +55,16 @@ DecodeError check_offsets(const PacketHeader& h) {
       return DecodeError::bad_offset;
     return DecodeError::none;
   }
-  if (type == PacketType::ack || type == PacketType::fence) return DecodeError::none;
+  if (type == PacketType::fence || type == PacketType::keepalive) return DecodeError::none;
+  if (type == PacketType::ack) return h.total_len == 0 ? DecodeError::bad_length : DecodeError::none;
+  if (type == PacketType::am_first) {
+    // offset is the ack sequence number: wanted exactly when an answer is
+    if ((h.offset != 0) != ((h.flags & kWantsAnswer) != 0)) return DecodeError::bad_offset;
+    return h.payload_len > h.total_len ? DecodeError::bad_offset : DecodeError::none;
+  }
   if (h.offset > h.total_len) return DecodeError::bad_offset;
   if (type == PacketType::cts || type == PacketType::fin) return DecodeError::none;
   if (h.payload_len > h.total_len - h.offset) return DecodeError::bad_offset;
-  if (type == PacketType::am_first && h.offset != 0) return DecodeError::bad_offset;
   if (type == PacketType::am_more && (h.offset == 0 || h.payload_len == 0))
     return DecodeError::bad_offset;
   return DecodeError::none;

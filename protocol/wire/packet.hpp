@@ -24,16 +24,18 @@ namespace ami::wire {
 static_assert(std::endian::native == std::endian::little, "the wire format is little-endian");
 
 inline constexpr std::uint32_t kMagic = 0x21494D41;  // "AMI!"
-inline constexpr std::uint8_t kVersion = 1;
+inline constexpr std::uint8_t kVersion = 2;
 inline constexpr std::size_t kMaxUserHeader = 128;
 
 // The rendezvous packets (DESIGN.md, method 2) use the fixed header's fields
 // as their comments say; the others as the field names say.
 enum class PacketType : std::uint8_t {
   am_first = 1,  // first packet of an active message: user header + payload from 0; with
-                 // kRendezvous, a RendezvousInfo sits between the user header and the payload
+                 // kRendezvous, a RendezvousInfo sits between the user header and the payload.
+                 // offset = its ack sequence number when it wants an answer (kWantsAnswer), else 0
   am_more = 2,   // a later eager packet of the message in flight on this lane
-  ack = 3,       // the receiver is done with a message: message_id = the sender's id
+  ack = 3,       // the receiver is done with total_len messages, whose ack sequence numbers
+                 // start at offset; flags: their common outcome
   am_short = 4,  // a whole message, no answer wanted: the short header only
   stop = 5,      // receiver to sender: stop sending eagerly. message_id = the sender's id,
                  // offset = the receiver's id for it, dispatch = the StopMode; with
@@ -41,10 +43,12 @@ enum class PacketType : std::uint8_t {
   cts = 6,       // sender's answer to a GET stop: message_id = the receiver's id,
                  // offset = eager bytes sent (all of them are ahead of this packet)
   fin = 7,       // after the PUT of a stop_put: fields as cts
-  fence = 8,     // behind the origin's earlier operations on the lane: message_id = the
-                 // origin's id for it, answered by an ack once dispatched
+  fence = 8,     // behind the origin's earlier operations on the lane: offset = its ack
+                 // sequence number; answered by an ack once dispatched
+  keepalive = 9, // the origin waits for an answer and heard nothing for a while: the lane
+                 // carrying it (or failing to) says whether the peer lives; dropped on arrival
 };
-inline constexpr std::uint8_t kLastPacketType = 8;
+inline constexpr std::uint8_t kLastPacketType = 9;
 
 enum PacketFlags : std::uint16_t {
   kWantsRemoteDone = 1u << 0,  // am_first: the sender wants a remote-done
@@ -53,6 +57,8 @@ enum PacketFlags : std::uint16_t {
   kFailed = 1u << 3,           // ack: the data did not all arrive (a GET failed)
 };
 inline constexpr std::uint16_t kKnownFlags = kWantsRemoteDone | kDispatchMissing | kRendezvous | kFailed;
+// An am_first with either flag wants an ack.
+inline constexpr std::uint16_t kWantsAnswer = kWantsRemoteDone | kRendezvous;
 
 enum class StopMode : std::uint16_t { discard_get = 1, split_get = 2, stop_put = 3 };
 
@@ -77,7 +83,7 @@ struct PacketHeader {
   std::uint32_t payload_len;  // payload bytes in this packet
   std::uint64_t message_id;   // chosen by the origin
   std::uint64_t total_len;    // payload bytes of the whole message
-  std::uint64_t offset;       // of this packet's payload in the message
+  std::uint64_t offset;       // of this packet's payload in the message (see PacketType)
 };
 static_assert(sizeof(PacketHeader) == 40);
 inline constexpr std::size_t kShortHeaderBytes = 16;  // magic..payload_len
@@ -90,7 +96,8 @@ enum class DecodeError : std::uint8_t {
   bad_type,
   bad_flags,
   bad_length,   // header/payload lengths disagree with the packet's size or limits
-  bad_offset,   // payload lies outside the message, or a first packet not at 0
+  bad_offset,   // payload lies outside the message, or an am_first's ack sequence number
+                // disagrees with its flags
 };
 inline constexpr std::size_t kDecodeErrors = 8;
 std::string_view to_string(DecodeError e);

@@ -5,12 +5,12 @@
 #
 # (meson test --suite rxe does exactly that). In order: the smoke check
 # (rxe0 active, perftest pairs complete), the verbs backend's own tests, the
-# backend-agnostic tests on verbs, then every perftest-like tool on verbs
-# with perftest's device options, connected by rdma_cm and by the
-# bootstrap's address exchange, each checked for its result row. Every step
-# runs even when an earlier one failed (except a failed smoke check: then
-# rxe0 is unusable); the exit status is 0 only when every step passed, 77
-# when it cannot run here.
+# backend-agnostic tests on verbs (the collectives among them), then every
+# perftest-like tool on verbs with perftest's device options, connected by
+# rdma_cm and by the bootstrap's address exchange, each checked for its
+# result row. Every step runs even when an earlier one failed (except a
+# failed smoke check: then rxe0 is unusable); the exit status is 0 only when
+# every step passed, 77 when it cannot run here.
 set -uo pipefail
 
 readonly STEP_TIMEOUT=600
@@ -21,11 +21,14 @@ build=$(cd "$build" && pwd)
 [[ ${RXE_VM:-} == 1 ]] || { echo "SKIPPED: run inside tests/rxe/ami-vm"; exit 77; }
 
 failed=()
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
 step() {  # step NAME COMMAND...
   local name=$1 start=$SECONDS rc=0
   shift
   echo "=== $name"
-  timeout "$STEP_TIMEOUT" "$@" || rc=$?
+  timeout "$STEP_TIMEOUT" "$@" 2>&1 | tee "$logs/$name.log"
+  rc=${PIPESTATUS[0]}
   if ((rc == 0)); then
     echo "=== ok: $name ($((SECONDS - start)) s)"
   else
@@ -62,6 +65,8 @@ tool_step() {
 step smoke "$here/smoke.sh" || { echo "rxe0 is not usable: the verbs tests cannot run"; exit 1; }
 step test_verbs "$build/tests/unit/test_verbs"
 step backends_verbs "$build/tests/unit/test_backends_verbs"
+step peer_failure_verbs "$build/tests/unit/test_peer_failure_verbs"
+step collectives_verbs "$build/tests/unit/test_collectives_verbs"
 
 gid=${RXE_GID_INDEX:?RXE_GID_INDEX not set}
 json=$(mktemp)
@@ -82,6 +87,12 @@ tool_step ami_read_bw 65536 -- -n 200 -R -t 16
 rm -f "$json"
 
 if ((${#failed[@]})); then
+  # The tail of each failed step again, so that it shows in a log cut short.
+  for name in "${failed[@]}"; do
+    [[ -f "$logs/$name.log" ]] || continue
+    echo "=== last lines of the failed step $name"
+    tail -n 40 "$logs/$name.log"
+  done
   echo "rxe suite: ${#failed[@]} step(s) failed: ${failed[*]}"
   exit 1
 fi

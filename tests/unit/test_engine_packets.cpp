@@ -70,6 +70,18 @@ TEST_CASE("garbage is dropped and counted by reason, never dispatched") {
   CHECK(malformed_reason_name(5) == "bad_length");
 }
 
+TEST_CASE("a dispatch id beyond the table is an unknown one, never an index") {
+  Rig r;
+  // am_short, dispatch 0xA601: found by fuzzing (it read past the table).
+  const std::uint8_t packet[] = {0x41, 0x4d, 0x49, 0x21, 0x02, 0x04, 0x00, 0x00, 0x01, 0xa6, 0x00, 0x00,
+                                 0x08, 0x00, 0x00, 0x00, 'x', 'x', 'x', 'x', 'x', 'x', 'x', 'x'};
+  r.engine.on_packet({0, 1}, std::as_bytes(std::span(packet)));
+  r.feed(make_header(PacketType::am_first, 0xFFFF, 1, 8, 3, 8, 0, kWantsRemoteDone), 0, 8);
+  CHECK(r.dispatched == 0);
+  CHECK(r.stats.unknown_dispatch == 2);
+  CHECK(r.stats.malformed_packets == 0);
+}
+
 TEST_CASE("an origin outside the job is refused") {
   Rig r;
   std::vector<std::byte> p(sizeof(PacketHeader));
@@ -105,10 +117,24 @@ TEST_CASE("a new message cutting an incomplete one fails the old one's done") {
   CHECK(r.dispatched == 2);
 }
 
-TEST_CASE("an ack naming no live request is dropped") {
+TEST_CASE("an ack answering no waiting message is dropped") {
   Rig r;
-  r.feed(make_header(PacketType::ack, 0, 12345, 0, 0, 0, 0), 0, 0);
-  r.feed(make_header(PacketType::ack, 0, (1ull << 63) | 3, 0, 0, 0, 0), 0, 0);
+  r.feed(make_header(PacketType::ack, 0, 0, 1, 1, 0, 0), 0, 0);   // Expect: seq 1 was never sent
+  r.feed(make_header(PacketType::ack, 0, 0, 3, 7, 0, 0), 0, 0);   // Expect: nor 7..9
+  r.feed(make_header(PacketType::ack, 0, 0, 0, 1, 0, 0), 0, 0);   // Expect: bad_length, answers nothing
   CHECK(r.stats.malformed_by_reason[7] == 2);
+  CHECK(r.stats.malformed_by_reason[5] == 1);
   CHECK(r.stats.remote_done_received == 0);
+  CHECK(r.stats.messages_ack_received == 0);
+}
+
+TEST_CASE("a first packet's ack sequence number must agree with its flags") {
+  Rig r;
+  r.feed(make_header(PacketType::am_first, 4, 1, 8, 5, 8, 0), 0, 8);                     // Expect: bad_offset
+  r.feed(make_header(PacketType::am_first, 4, 1, 8, 0, 8, 0, kWantsRemoteDone), 0, 8);  // Expect: bad_offset
+  CHECK(r.stats.malformed_by_reason[6] == 2);
+  CHECK(r.dispatched == 0);
+  r.feed(make_header(PacketType::am_first, 4, 1, 8, 5, 8, 0, kWantsRemoteDone), 0, 8);  // Expect: dispatched
+  CHECK(r.dispatched == 1);
+  CHECK(r.stats.remote_done_sent == 1);
 }

@@ -18,93 +18,13 @@
 #include <vector>
 
 #include "ami/ami.hpp"
+#include "jobs.hpp"
 #include "pair.hpp"
 
 using namespace ami;
+using namespace test;
 
 namespace {
-
-using Script = std::function<int(Client&)>;
-
-std::set<std::string> dev_shm() {
-  std::set<std::string> names;
-  std::error_code ec;
-  for (auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) names.insert(e.path().string());
-  return names;
-}
-
-ClientOptions job(std::uint32_t rank, std::uint32_t size, const std::string& address, const Config& c) {
-  return ClientOptions{.name = "test", .contexts = 1,
-                       .job = {.rank = rank, .size = size, .bootstrap = address}, .config = c};
-}
-
-// Forks one child per rank; each builds its Client and runs its script.
-std::vector<pid_t> spawn(std::uint32_t size, const Config& config, const std::vector<Script>& scripts) {
-  const std::string address = "127.0.0.1:" + std::to_string(test::free_port());
-  std::vector<pid_t> pids;
-  for (std::uint32_t r = 0; r < size; ++r) {
-    const pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      int rc = 100;
-      try {
-        Client client(job(r, size, address, config));
-        rc = scripts[r](client);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %u: %s\n", r, e.what());
-        rc = 101;
-      }
-      std::fflush(nullptr);
-      _exit(rc);
-    }
-    pids.push_back(pid);
-  }
-  return pids;
-}
-
-// Waits for every child; returns their exit codes (-signal when killed;
-// 124 when the deadline passed and the child was killed).
-std::vector<int> wait_all(const std::vector<pid_t>& pids, std::chrono::seconds deadline) {
-  std::vector<int> codes(pids.size(), -1000);
-  const auto end = std::chrono::steady_clock::now() + deadline;
-  std::size_t left = pids.size();
-  while (left > 0) {
-    for (std::size_t i = 0; i < pids.size(); ++i) {
-      if (codes[i] != -1000) continue;
-      int st = 0;
-      if (waitpid(pids[i], &st, WNOHANG) == pids[i]) {
-        codes[i] = WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
-        --left;
-      }
-    }
-    if (left > 0 && std::chrono::steady_clock::now() > end) {
-      for (std::size_t i = 0; i < pids.size(); ++i)
-        if (codes[i] == -1000) {
-          kill(pids[i], SIGKILL);
-          waitpid(pids[i], nullptr, 0);
-          codes[i] = 124;
-        }
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return codes;
-}
-
-std::vector<int> run_job(std::uint32_t size, const Config& config, const std::vector<Script>& scripts,
-                         std::chrono::seconds deadline = std::chrono::seconds(60)) {
-  return wait_all(spawn(size, config, scripts), deadline);
-}
-
-// Advances until pred holds or 30 s pass.
-bool progress_until(Context& c, const std::function<bool()>& pred) {
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!pred()) {
-    (void)c.advance();
-    if (std::chrono::steady_clock::now() > end) return false;
-  }
-  return true;
-}
 
 std::uint8_t byte_at(std::size_t i, std::uint32_t seed) {
   return static_cast<std::uint8_t>((i * 131 + seed * 7 + (i >> 11)) & 0xFF);
@@ -428,20 +348,23 @@ TEST_CASE("four processes exchange with everyone") {
 }
 
 TEST_CASE("a peer that exits early does not hang or crash the survivor") {
+  // Sends to it are taken (into its ring, which nobody drains) until the
+  // survivor sees the process gone; from then on they are refused by name.
   auto leaver = [](Client&) { return 0; };
   auto stayer = [](Client& client) {
     Context& c = client.context(0);
+    int reported = 0;
+    c.set_error_handler({+[](void* n, Endpoint, Status) { ++*static_cast<int*>(n); }, &reported});
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the peer is gone by now
     std::uint64_t v = 1;
-    int accepted = 0, refused = 0;
-    for (int i = 0; i < 2000; ++i) {
+    int failed = 0;
+    for (int i = 0; i < 200000 && failed == 0; ++i) {
       Status s = c.send_immediate({.dest = {1, 0}, .dispatch = 1, .payload = std::as_bytes(std::span(&v, 1))});
-      if (s.ok()) ++accepted;
-      else if (s == StatusCode::no_resource) ++refused;
-      else return 2;
+      if (s == StatusCode::peer_failed) ++failed;
+      else if (!s.ok() && s != StatusCode::no_resource) return 2;
       (void)c.advance();
     }
-    return accepted > 0 && refused > 0 ? 0 : 3;  // its ring filled; nothing blocked
+    return failed == 1 && reported == 1 ? 0 : 3;
   };
   const auto before = dev_shm();
   CHECK(run_job(2, Config{}, {stayer, leaver}, std::chrono::seconds(30)) == std::vector<int>{0, 0});
@@ -471,4 +394,153 @@ TEST_CASE("kill -9 of either side leaves nothing in /dev/shm") {
     CHECK(codes == std::vector<int>{-SIGKILL, -SIGKILL});
     CHECK(dev_shm() == before);
   }
+}
+
+namespace {
+
+// The acknowledgement stream between two processes: rank 1 sends count
+// 8-byte messages with remote-done in bursts of irregular length (every
+// 97th a 40 KB message the receiver may stop, every 500th followed by a
+// fence) and stops abruptly after the last, without telling rank 0.
+// Message i carries i; its remote-done marks answered[i].
+struct AckStream {
+  static constexpr std::uint32_t kCount = 20011;
+  std::vector<int> answered = std::vector<int>(kCount, 0);
+  int failed = 0;
+  int fences = 0;
+  struct Token {
+    AckStream* stream;
+    std::uint32_t index;
+  };
+  std::vector<Token> tokens;
+};
+
+// Rank 0: takes every message, and acks; reports what it acked once rank 1
+// says (by a last message) that every remote-done ran at its side.
+int ack_receiver(Client& client) {
+  Context& c = client.context(0);
+  struct State {
+    std::vector<int> seen = std::vector<int>(AckStream::kCount, 0);
+    bool bye = false;
+    std::vector<std::uint8_t> big;
+  } st;
+  const Dispatch take{+[](void* p, const Incoming& in, Receive* recv) {
+    auto* s = static_cast<State*>(p);
+    std::uint32_t i = 0;
+    std::memcpy(&i, in.header.data(), sizeof i);
+    if (i == ~0u) {
+      s->bye = true;
+      return;
+    }
+    if (i < AckStream::kCount) ++s->seen[i];
+    if (recv != nullptr) {
+      s->big.resize(in.total_bytes);
+      recv->buffer = s->big.data();
+    }
+  }, &st};
+  if (!c.set_dispatch(1, take).ok()) return 2;
+  if (!progress_until(c, [&] { return st.bye; })) return 3;
+  for (int n : st.seen)
+    if (n != 1) return 4;  // every message dispatched exactly once
+  const AckPeerStats acked = c.ack_stats({1, 0});
+  const std::uint64_t wanted = AckStream::kCount + AckStream::kCount / 500;  // messages and fences
+  if (acked.messages_acked != wanted || c.stats().messages_acked != wanted) return 5;
+  std::printf("acks: %llu messages answered by %llu acks\n",
+              static_cast<unsigned long long>(acked.messages_acked),
+              static_cast<unsigned long long>(acked.acks_sent));
+  if (acked.acks_sent >= acked.messages_acked / 4) return 6;  // coalesced, not one each
+  for (int i = 0; i < 1000; ++i) (void)c.advance();
+  return 0;
+}
+
+int ack_sender(Client& client) {
+  Context& c = client.context(0);
+  AckStream s;
+  s.tokens.reserve(AckStream::kCount);
+  std::vector<std::uint8_t> big(40000, 7);
+  const std::uint64_t word = 1;
+  std::uint32_t next = 0;
+  std::uint32_t burst = 1;
+  while (next < AckStream::kCount) {
+    burst = (burst * 1103515245u + 12345u) >> 8;  // irregular bursts of 1..64
+    for (std::uint32_t k = 0, n = 1 + burst % 64; k < n && next < AckStream::kCount; ++k) {
+      s.tokens.push_back({&s, next});
+      const std::span<const std::byte> payload =
+          next % 97 == 0 ? std::as_bytes(std::span(big)) : std::as_bytes(std::span(&word, 1));
+      Status st = c.send({.dest = {0, 0}, .dispatch = 1, .header = std::as_bytes(std::span(&next, 1)),
+                          .payload = payload,
+                          .remote_done = {+[](void* t, Status r) {
+                            auto* tok = static_cast<AckStream::Token*>(t);
+                            ++tok->stream->answered[tok->index];
+                            if (!r.ok()) ++tok->stream->failed;
+                          }, &s.tokens.back()}});
+      if (st == StatusCode::no_resource) {  // every request waits for an answer
+        s.tokens.pop_back();
+        break;
+      }
+      if (!st.ok()) return 2;
+      ++next;
+      if (next % 500 == 0 &&
+          !c.fence({0, 0}, {+[](void* p, Status r) { ++static_cast<AckStream*>(p)->fences; if (!r.ok()) ++static_cast<AckStream*>(p)->failed; }, &s})
+               .ok())
+        return 3;
+    }
+    for (std::uint32_t k = 0; k < burst % 8; ++k) (void)c.advance();
+  }
+  // Stopped: the last answers come in the receiver's lull.
+  if (!progress_until(c, [&] { return s.fences == static_cast<int>(AckStream::kCount / 500) &&
+                                      std::all_of(s.answered.begin(), s.answered.end(),
+                                                  [](int n) { return n >= 1; }); }))
+    return 4;
+  for (int i = 0; i < 1000; ++i) (void)c.advance();  // nothing more may come
+  for (int n : s.answered)
+    if (n != 1) return 5;
+  if (s.failed != 0) return 6;
+  if (c.stats().messages_ack_received != AckStream::kCount + AckStream::kCount / 500) return 7;
+  const std::uint32_t bye = ~0u;
+  if (!c.send({.dest = {0, 0}, .dispatch = 1, .header = std::as_bytes(std::span(&bye, 1))}).ok()) return 8;
+  for (int i = 0; i < 1000; ++i) (void)c.advance();
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("two processes: a stream that stops abruptly is acknowledged exactly once, in few acks") {
+  const auto before = dev_shm();
+  CHECK(run_job(2, Config{}, {ack_receiver, ack_sender}, std::chrono::seconds(90)) == std::vector<int>{0, 0});
+  CHECK(dev_shm() == before);
+}
+
+TEST_CASE("two processes: a sender that exits right after its stream leaves the receiver unharmed") {
+  // Rank 1 sends 5000 messages with remote-done and exits once the last has
+  // left (local done), without waiting for a single answer; rank 0 takes
+  // every one, answers into a ring nobody drains any more, sees the peer
+  // gone, and exits cleanly.
+  auto quitter = [](Client& client) {
+    Context& c = client.context(0);
+    const std::uint64_t word = 1;
+    int posted = 0, left = 0;
+    while (posted < 5000) {
+      Status s = c.send({.dest = {0, 0}, .dispatch = 1, .payload = std::as_bytes(std::span(&word, 1)),
+                         .local_done = {+[](void* n, Status) { ++*static_cast<int*>(n); }, &left},
+                         .remote_done = {+[](void*, Status) {}, nullptr}});
+      if (s.ok()) ++posted;
+      else if (s != StatusCode::no_resource) return 2;
+      (void)c.advance();
+    }
+    return progress_until(c, [&] { return left == 5000; }) ? 0 : 3;
+  };
+  auto survivor = [](Client& client) {
+    Context& c = client.context(0);
+    int got = 0, failed = 0;
+    if (!c.set_dispatch(1, {+[](void* n, const Incoming&, Receive*) { ++*static_cast<int*>(n); }, &got}).ok())
+      return 2;
+    c.set_error_handler({+[](void* n, Endpoint, Status) { ++*static_cast<int*>(n); }, &failed});
+    if (!progress_until(c, [&] { return got == 5000; })) return 3;
+    if (!progress_until(c, [&] { return failed == 1; })) return 4;
+    return c.stats().messages_received == 5000 ? 0 : 5;
+  };
+  const auto before = dev_shm();
+  CHECK(run_job(2, Config{}, {survivor, quitter}, std::chrono::seconds(60)) == std::vector<int>{0, 0});
+  CHECK(dev_shm() == before);
 }

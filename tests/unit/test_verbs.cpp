@@ -61,6 +61,8 @@ struct Sink final : ami::device::PacketSink {
   void on_packet(Endpoint origin, std::span<const std::byte> bytes) override {
     packets.push_back({origin, {bytes.begin(), bytes.end()}});
   }
+  std::vector<std::pair<Endpoint, Status>> failed;
+  void on_lane_failed(Endpoint peer, Status why) override { failed.emplace_back(peer, why); }
 };
 
 // Records every callback: which operation, in which order, with what status.

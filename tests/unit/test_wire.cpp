@@ -56,7 +56,7 @@ TEST_CASE("bad magic, version, type and flags") {
   h.magic = 0xDEADBEEF;
   CHECK(decode_bytes(packet(h, 8, 16)) == DecodeError::bad_magic);
   h = good();
-  h.version = 2;
+  h.version = kVersion + 1;
   CHECK(decode_bytes(packet(h, 8, 16)) == DecodeError::bad_version);
   h = good();
   h.type = 0;

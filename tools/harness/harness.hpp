@@ -26,6 +26,9 @@ struct Options {
   std::uint16_t port = 18515;
   bool local = false;          // both sides on this host, from one command
   bool report_gbits = false;
+  // Send tests: every measured send asks for remote_done. In the bandwidth
+  // test a send leaves the window (-t) when its remote_done runs.
+  bool remote_done = false;
   std::string out_json;        // "": no JSON report
 
   // perftest's device options; each maps to an AMI_* configuration entry

@@ -28,6 +28,9 @@ void usage(Test t) {
       "      --backend=<name>     shm (default) | self | verbs; a device option implies verbs\n"
       "      --local              start the server as a child process (self: a thread)\n"
       "      --report_gbits       bandwidth in Gb/s instead of MiB/s\n"
+      "      --remote_done        send tests: every measured send asks for remote_done (bandwidth:\n"
+      "                           a send leaves the window when it runs); each side that sent\n"
+      "                           acks prints how many messages they answered (\"# acks:\")\n"
       "      --out_json           also write the results as JSON (default file ami_out.json)\n"
       "      --out_json_file=<f>  the JSON file\n"
       "  -h, --help               this text\n\n"
@@ -72,7 +75,7 @@ const char* tool_name(Test t) {
 }
 
 bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
-  enum { kBackend = 1000, kLocal, kGbits, kJson, kJsonFile };
+  enum { kBackend = 1000, kLocal, kGbits, kJson, kJsonFile, kRemoteDone };
   static const option kLong[] = {
       {"size", required_argument, nullptr, 's'},   {"all", no_argument, nullptr, 'a'},
       {"iters", required_argument, nullptr, 'n'},  {"tx-depth", required_argument, nullptr, 't'},
@@ -82,7 +85,7 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
       {"ib-dev", required_argument, nullptr, 'd'}, {"ib-port", required_argument, nullptr, 'i'},
       {"gid-index", required_argument, nullptr, 'x'}, {"rdma_cm", no_argument, nullptr, 'R'},
       {"mtu", required_argument, nullptr, 'm'},    {"cq-mod", required_argument, nullptr, 'Q'},
-      {"inline_size", required_argument, nullptr, 'I'},
+      {"inline_size", required_argument, nullptr, 'I'}, {"remote_done", no_argument, nullptr, kRemoteDone},
       {"help", no_argument, nullptr, 'h'},         {nullptr, 0, nullptr, 0}};
   o = Options{};
   o.test = test;
@@ -163,6 +166,7 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
         break;
       case kLocal: o.local = true; break;
       case kGbits: o.report_gbits = true; break;
+      case kRemoteDone: o.remote_done = true; break;
       case 'h':
         usage(test);
         help = true;
@@ -191,6 +195,11 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
   }
   if (o.ib_port && o.device.empty()) {
     std::fprintf(stderr, "error: --ib-port needs --ib-dev: the port of which device?\n");
+    return false;
+  }
+  if (o.remote_done && test != Test::send_lat && test != Test::send_bw) {
+    std::fprintf(stderr, "error: --remote_done is for the send tests (ami_send_lat, ami_send_bw), not %s: "
+                 "a PUT or GET has no remote_done\n", tool_name(test));
     return false;
   }
   if (json && o.out_json.empty()) o.out_json = "ami_out.json";

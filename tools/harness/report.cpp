@@ -93,6 +93,17 @@ Row print_bandwidth_row(std::size_t bytes, std::size_t iterations, double second
 
 void print_footer() { std::printf("%s", kRule); }
 
+void print_acks(const AckFigures& a) {
+  char ratio[32] = "n/a";  // no message answered: no ratio
+  if (a.messages_acked > 0)
+    std::snprintf(ratio, sizeof ratio, "%.4f",
+                  static_cast<double>(a.acks_sent) / static_cast<double>(a.messages_acked));
+  std::printf("# acks: %llu messages answered by %llu acks (%s acks per message), idle threshold %llu, window %llu\n",
+              static_cast<unsigned long long>(a.messages_acked), static_cast<unsigned long long>(a.acks_sent), ratio,
+              static_cast<unsigned long long>(a.idle_threshold), static_cast<unsigned long long>(a.window));
+  std::fflush(stdout);
+}
+
 namespace {
 
 std::string json_string(std::string_view text) {
@@ -120,7 +131,8 @@ std::string_view trim(std::string_view s) {
 
 }  // namespace
 
-bool write_json(const Options& o, const std::string& backend_lines, const std::vector<Row>& rows) {
+bool write_json(const Options& o, const std::string& backend_lines, const std::vector<Row>& rows,
+                const std::vector<std::pair<std::string, AckFigures>>& acks) {
   std::string out = "{\n  \"test\": " + json_string(title(o.test)) + ",\n  \"tool\": " +
                     json_string(tool_name(o.test)) + ",\n  \"backend\": " + json_string(o.backend) + ",\n";
   // The banner's "name : value" lines become an object.
@@ -154,7 +166,29 @@ bool write_json(const Options& o, const std::string& backend_lines, const std::v
     out += "}";
     sep = ",";
   }
-  out += "\n  ]\n}\n";
+  out += "\n  ]";
+  if (!acks.empty()) {
+    out += ",\n  \"acks\": {";
+    sep = "";
+    for (const auto& [side, a] : acks) {
+      char field[320];
+      char ratio[32] = "null";  // no message answered: no ratio
+      if (a.messages_acked > 0)
+        std::snprintf(ratio, sizeof ratio, "%.6g",
+                      static_cast<double>(a.acks_sent) / static_cast<double>(a.messages_acked));
+      std::snprintf(field, sizeof field,
+                    "%s\n    %s: {\"messages_acked\": %llu, \"acks_sent\": %llu, \"acks_per_message\": %s, "
+                    "\"remote_done_sent\": %llu, \"idle_threshold\": %llu, \"window\": %llu}",
+                    sep, json_string(side).c_str(), static_cast<unsigned long long>(a.messages_acked),
+                    static_cast<unsigned long long>(a.acks_sent), ratio,
+                    static_cast<unsigned long long>(a.remote_done_sent),
+                    static_cast<unsigned long long>(a.idle_threshold), static_cast<unsigned long long>(a.window));
+      out += field;
+      sep = ",";
+    }
+    out += "\n  }";
+  }
+  out += "\n}\n";
   std::FILE* f = std::fopen(o.out_json.c_str(), "w");
   bool ok = f != nullptr && std::fwrite(out.data(), 1, out.size(), f) == out.size();
   if (f != nullptr && std::fclose(f) != 0) ok = false;

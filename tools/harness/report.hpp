@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -28,8 +29,23 @@ void print_bandwidth_header(bool gbits);
 Row print_bandwidth_row(std::size_t bytes, std::size_t iterations, double seconds,
                         double peak_seconds, std::size_t block_ops, bool gbits);
 void print_footer();
-// Writes the banner facts and the rows as JSON to o.out_json; false (after
-// printing why) when the file cannot be written.
-bool write_json(const Options& o, const std::string& backend_lines, const std::vector<Row>& rows);
+
+// The acks one side sent (--remote_done): its own counters toward its peer,
+// and its ack dispatcher's configuration.
+struct AckFigures {
+  std::uint64_t messages_acked = 0;
+  std::uint64_t acks_sent = 0;
+  std::uint64_t remote_done_sent = 0;  // the context's remote-done answers
+  std::uint64_t idle_threshold = 0;    // AMI_ACK_IDLE_THRESHOLD
+  std::uint64_t window = 0;            // AMI_ACK_MAX_UNACKED
+};
+// "# acks: M messages answered by A acks (R acks per message), idle threshold T, window W"
+void print_acks(const AckFigures& a);
+
+// Writes the banner facts and the rows as JSON to o.out_json, with the acks
+// each named side sent ("server", "client") when there are any; false
+// (after printing why) when the file cannot be written.
+bool write_json(const Options& o, const std::string& backend_lines, const std::vector<Row>& rows,
+                const std::vector<std::pair<std::string, AckFigures>>& acks = {});
 
 }  // namespace ami::tools

@@ -31,8 +31,14 @@ using Clock = std::chrono::steady_clock;
 constexpr std::uint16_t kData = 1, kControl = 2;
 // kPrepare: send me your buffer's key (kKey); kPeerKey: here is mine (write
 // latency: the server writes back into it); kSync(size): get ready for
-// size, answered by kSyncAck once the server is.
-enum Op : std::uint32_t { kPrepare = 1, kKey = 2, kSync = 3, kSyncAck = 4, kQuit = 5, kPeerKey = 6 };
+// size, answered by kSyncAck once the server is. kRemoteDone: the client
+// runs with --remote_done (the server's echoes ask for remote_done too);
+// kAckStats: send me the acks you sent (kAckReport, an AckFigures), once
+// every remote_done you asked for has run.
+enum Op : std::uint32_t {
+  kPrepare = 1, kKey = 2, kSync = 3, kSyncAck = 4, kQuit = 5, kPeerKey = 6,
+  kRemoteDone = 7, kAckStats = 8, kAckReport = 9
+};
 struct Control {
   std::uint32_t op = 0;
   std::uint32_t reserved = 0;
@@ -99,16 +105,46 @@ void put(Context& c, const RdmaParams& p) {
   }
 }
 
-// Sends len bytes from buf: immediately when it fits, else with send().
-// memory: buf's registration, so a message the receiver stops needs none
-// of its own (perftest registers its buffers once, too).
+// Sends len bytes from buf: immediately when it fits and no callback is
+// asked for, else with send(). memory: buf's registration, so a message the
+// receiver stops needs none of its own (perftest registers its buffers
+// once, too).
 Status send_data(Context& c, Endpoint to, const std::byte* buf, std::size_t len, const Memory* memory,
-                 Callback done = {}) {
-  if (!done && len <= c.immediate_limit(to)) {
+                 Callback done = {}, Callback remote_done = {}) {
+  if (!done && !remote_done && len <= c.immediate_limit(to)) {
     Status s = c.send_immediate({.dest = to, .dispatch = kData, .payload = {buf, len}});
     if (s != StatusCode::no_resource) return s;
   }
-  return c.send({.dest = to, .dispatch = kData, .payload = {buf, len}, .local_done = done, .memory = memory});
+  return c.send({.dest = to, .dispatch = kData, .payload = {buf, len}, .local_done = done,
+                 .remote_done = remote_done, .memory = memory});
+}
+
+// The acks a context sent to peer, and its ack dispatcher's configuration.
+AckFigures ack_figures(Client& client, Context& c, Endpoint peer) {
+  const AckPeerStats a = c.ack_stats(peer);
+  return {.messages_acked = a.messages_acked,
+          .acks_sent = a.acks_sent,
+          .remote_done_sent = c.stats().remote_done_sent,
+          .idle_threshold = client.config().number("AMI_ACK_IDLE_THRESHOLD"),
+          .window = client.config().number("AMI_ACK_MAX_UNACKED")};
+}
+
+// Advances until done() holds; throws when nothing moved it for 30 s
+// (progress() returns a count that changes while work is being done).
+template <typename Done, typename Progress>
+void wait_for(Context& c, Done done, Progress progress, const char* what) {
+  constexpr auto kStall = std::chrono::seconds(30);
+  auto seen = progress();
+  auto since = Clock::now();
+  while (!done()) {
+    (void)c.advance();
+    if (progress() != seen) {
+      seen = progress();
+      since = Clock::now();
+    } else if (Clock::now() - since > kStall) {
+      throw Error(std::string(what) + ": nothing for 30 s");
+    }
+  }
 }
 
 Control read_control(const Incoming& in) {
@@ -129,6 +165,7 @@ class Server {
     while (!quit_) {
       (void)c_.advance();
       if (writing_ && last_byte(memory_, size_) == expect_) write_back();
+      if (ack_report_wanted_ && remote_pending_ == 0) report_acks();
     }
   }
 
@@ -136,7 +173,28 @@ class Server {
   static void check(Status s) {
     if (!s.ok()) throw Error("server: " + to_string(s));
   }
-  void echo(std::size_t len) { check(send_data(c_, peer_, buffer_.data(), len, &buffer_memory_)); }
+  void echo(std::size_t len) {
+    if (!echo_remote_done_) {
+      check(send_data(c_, peer_, buffer_.data(), len, &buffer_memory_));
+      return;
+    }
+    check(send_data(c_, peer_, buffer_.data(), len, &buffer_memory_, {}, {&Server::on_remote_done, this}));
+    ++remote_pending_;
+  }
+  // The acks this side sent, printed here and reported to the client: every
+  // message of the client's is answered by now (its remote_dones ran), and
+  // every echo of ours too.
+  void report_acks() {
+    ack_report_wanted_ = false;
+    const AckFigures a = ack_figures(client_, c_, peer_);
+    print_acks(a);
+    control(c_, peer_, {kAckReport, 0, 0}, std::as_bytes(std::span(&a, 1)));
+  }
+  static void on_remote_done(void* self, Status s) {
+    auto* srv = static_cast<Server*>(self);
+    check(s);
+    --srv->remote_pending_;
+  }
   void write_back() {
     const std::size_t max = max_size(o_);
     set_source_tag(memory_, max, size_, expect_);
@@ -157,7 +215,15 @@ class Server {
       if (latency) recv->done = {&Server::on_echo_ready, s};
       return;
     }
-    if (latency) check(send_data(s->c_, s->peer_, in.payload.data(), in.payload.size(), nullptr));
+    if (!latency) return;
+    if (!s->echo_remote_done_) {
+      check(send_data(s->c_, s->peer_, in.payload.data(), in.payload.size(), nullptr));
+      return;
+    }
+    // send() reads the payload until local_done: from the buffer, not from
+    // the arrival, which is gone when the handler returns.
+    std::memcpy(s->buffer_.data(), in.payload.data(), in.payload.size());
+    s->echo(in.payload.size());
   }
   static void on_control(void* self, const Incoming& in, Receive*) {
     auto* s = static_cast<Server*>(self);
@@ -184,6 +250,8 @@ class Server {
         }
         control(s->c_, s->peer_, {kSyncAck, 0, m.arg});
         break;
+      case kRemoteDone: s->echo_remote_done_ = true; break;
+      case kAckStats: s->ack_report_wanted_ = true; break;
       case kQuit: s->quit_ = true; break;
       default: break;
     }
@@ -201,6 +269,9 @@ class Server {
   std::size_t size_ = 0;       // write latency: the size being measured
   std::uint8_t expect_ = 0;    // write latency: the tag the client writes next
   bool writing_ = false;
+  bool echo_remote_done_ = false;   // send latency with --remote_done
+  std::size_t remote_pending_ = 0;  // echoes whose remote_done has not run
+  bool ack_report_wanted_ = false;
   bool quit_ = false;
 };
 
@@ -221,12 +292,15 @@ class Driver {
     if (is_latency(o_.test)) print_latency_header();
     else print_bandwidth_header(o_.report_gbits);
     if (o_.test != Test::send_lat && o_.test != Test::send_bw) prepare_rdma();
+    if (o_.remote_done) control(c_, peer_, {kRemoteDone, 0, 0});
     std::vector<Row> rows;
     for (std::size_t size : o_.sizes) rows.push_back(measure(size));
     print_footer();
+    std::vector<std::pair<std::string, AckFigures>> acks;
+    if (o_.remote_done) acks = collect_acks();
     control(c_, peer_, {kQuit, 0, 0});
     for (int i = 0; i < 1000; ++i) (void)c_.advance();  // let the quit leave
-    if (!o_.out_json.empty() && !write_json(o_, setup, rows))
+    if (!o_.out_json.empty() && !write_json(o_, setup, rows, acks))
       throw Error("client: the JSON report is not written");
   }
 
@@ -236,6 +310,32 @@ class Driver {
   }
   void wait(const bool& flag) {
     while (!flag) (void)c_.advance();
+  }
+
+  // --remote_done: the acks the server sent (it prints them too) and, in
+  // send latency, where the client answers the echoes, the client's. The
+  // server reports once its echoes' remote_dones ran, so the client's acks
+  // have all gone by then.
+  std::vector<std::pair<std::string, AckFigures>> collect_acks() {
+    std::fflush(stdout);  // the server's line comes after the results
+    have_report_ = false;
+    control(c_, peer_, {kAckStats, 0, 0});
+    wait_for(c_, [&] { return have_report_; }, [&] { return c_.stats().acks_sent; },
+             "client: waiting for the server's ack report");
+    std::vector<std::pair<std::string, AckFigures>> acks{{"server", server_acks_}};
+    if (o_.test == Test::send_lat) {
+      const AckFigures own = ack_figures(client_, c_, peer_);
+      print_acks(own);
+      acks.emplace_back("client", own);
+    }
+    return acks;
+  }
+
+  // Advances until every remote_done asked for has run.
+  void drain_remote_dones() {
+    wait_for(c_, [&] { return remote_pending_ == 0; }, [&] { return remote_pending_; },
+             "client: waiting for remote_dones");
+    if (!failure_.ok()) throw Error("client: a send failed: " + to_string(failure_));
   }
 
   // perftest's banner fields: the lane's for verbs, else the backend's line.
@@ -289,7 +389,12 @@ class Driver {
 
   void send_round(std::size_t size) {
     replied_ = false;
-    check(send_data(c_, peer_, send_.data(), size, &send_memory_));
+    if (o_.remote_done) {
+      check(send_data(c_, peer_, send_.data(), size, &send_memory_, {}, {&Driver::on_remote_done, this}));
+      ++remote_pending_;
+    } else {
+      check(send_data(c_, peer_, send_.data(), size, &send_memory_));
+    }
     wait(replied_);
   }
 
@@ -322,6 +427,7 @@ class Driver {
       round();
       if (i >= warmup) ticks[i - warmup + 1] = cycles();
     }
+    if (o_.remote_done) drain_remote_dones();
     const double us_per_tick = microseconds_per_cycle() / (o_.test == Test::read_lat ? 1 : 2);
     std::vector<double> samples(o_.iterations);
     for (std::size_t i = 0; i < o_.iterations; ++i)
@@ -380,7 +486,10 @@ class Driver {
   Status post(std::size_t size) {
     const Callback done{&Driver::on_complete, this};
     switch (o_.test) {
-      case Test::send_bw: return send_data(c_, peer_, send_.data(), size, &send_memory_, done);
+      case Test::send_bw:
+        // --remote_done: a send leaves the window when the receiver answered it.
+        if (o_.remote_done) return send_data(c_, peer_, send_.data(), size, &send_memory_, {}, done);
+        return send_data(c_, peer_, send_.data(), size, &send_memory_, done);
       case Test::write_bw:
         return c_.put({.dest = peer_, .local = &local_, .remote = key_, .bytes = size, .local_done = done});
       case Test::read_bw:
@@ -396,6 +505,11 @@ class Driver {
     d->stamps_[d->completed_++] = cycles();  // cheap enough for every completion
   }
   static void on_reply_done(void* self, Status) { static_cast<Driver*>(self)->replied_ = true; }
+  static void on_remote_done(void* self, Status s) {
+    auto* d = static_cast<Driver*>(self);
+    if (!s.ok() && d->failure_.ok()) d->failure_ = s;
+    --d->remote_pending_;
+  }
   static void on_read_done(void* self, Status s) {
     auto* d = static_cast<Driver*>(self);
     if (!s.ok() && d->failure_.ok()) d->failure_ = s;
@@ -416,6 +530,10 @@ class Driver {
     const Control m = read_control(in);
     if (m.op == kKey) d->have_key_ = RemoteKey::from_bytes(in.payload, d->key_).ok();
     if (m.op == kSyncAck) d->synced_ = true;
+    if (m.op == kAckReport && in.payload.size() == sizeof d->server_acks_) {
+      std::memcpy(&d->server_acks_, in.payload.data(), sizeof d->server_acks_);
+      d->have_report_ = true;
+    }
   }
 
   Client& client_;
@@ -426,8 +544,10 @@ class Driver {
   Memory send_memory_, recv_memory_;
   Memory local_;
   RemoteKey key_{};
-  bool have_key_ = false, replied_ = false, synced_ = false;
+  bool have_key_ = false, replied_ = false, synced_ = false, have_report_ = false;
   std::size_t completed_ = 0;
+  std::size_t remote_pending_ = 0;  // send latency: sends whose remote_done has not run
+  AckFigures server_acks_;
   std::size_t round_ = 0;  // write latency: rounds since the last sync
   Status failure_;
   std::vector<std::uint64_t> stamps_;  // cycle count at each completion

@@ -38,6 +38,11 @@ void SelfDevice::release(std::uint16_t target, std::uint64_t n) {
   if (target < allowance_.size() && allowance_[target] != kUnheld) allowance_[target] += n;
 }
 
+void SelfDevice::fail_lane(std::uint16_t target, Status why) {
+  if (auto* l = static_cast<SelfLane*>(lane(Endpoint{domain_.task(), target})))
+    l->failure_ = why.ok() ? Status{StatusCode::peer_failed, "self: the lane was failed on purpose"} : why;
+}
+
 bool SelfDevice::can_reach(Endpoint peer) const {
   return peer.task == domain_.task() && peer.context < domain_.contexts();
 }
@@ -98,8 +103,19 @@ std::size_t SelfDevice::progress(device::PacketSink& sink, std::size_t budget) {
   // until it sends to itself.
   if (lanes_.size() == 1 && !lanes_[0]) return 0;
   std::size_t work = 0;
-  for (auto& l : lanes_)
-    if (l) work += drain_lane(*l);
+  for (auto& l : lanes_) {
+    if (!l) continue;
+    if (l->failure_.ok()) {
+      work += drain_lane(*l);
+      continue;
+    }
+    if (l->fifo().counter().snapshot() < l->fifo().injected()) work += l->fifo().fail_pending(l->failure_);
+    if (!l->reported_) {
+      l->reported_ = true;
+      sink.on_lane_failed(l->peer(), l->failure_);
+      ++work;
+    }
+  }
   device::ReceptionQueue& q = domain_.queue(context_);
   device::ReceptionQueue::Arrival a;
   for (std::size_t i = 0; i < budget && q.peek(a); ++i, ++work) {

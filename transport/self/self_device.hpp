@@ -52,7 +52,10 @@ class SelfLane final : public device::Lane {
   void ring() override {}
 
  private:
+  friend class SelfDevice;
   std::size_t max_packet_;
+  Status failure_;         // set by SelfDevice::fail_lane
+  bool reported_ = false;  // the sink has been told
 };
 
 class SelfDevice final : public device::Device {
@@ -70,6 +73,10 @@ class SelfDevice final : public device::Device {
   // release(n) then carries out the next n of them.
   void hold(std::uint16_t target, bool held);
   void release(std::uint16_t target, std::uint64_t n);
+  // For tests of peer failure: the lane to target context breaks as if its
+  // peer had died; the next progress() fails what is in its FIFO and
+  // reports it (PacketSink::on_lane_failed). Later descriptors fail too.
+  void fail_lane(std::uint16_t target, Status why);
 
  private:
   std::size_t drain_lane(SelfLane& lane);

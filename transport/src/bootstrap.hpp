@@ -1,5 +1,7 @@
-// bootstrap.hpp — the TCP bootstrap: how the N processes of a job find each
-// other and exchange their address blobs before any backend is up.
+// bootstrap.hpp — how the N processes of a job find each other and exchange
+// their address blobs before any backend is up: the Bootstrap contract, and
+// its TCP implementation. (The PMIx one, for jobs a launcher started, is in
+// pmix_bootstrap.hpp; job_bootstrap.hpp chooses between them.)
 //
 // The job is a star around rank 0. Rank 0 listens; every other rank connects
 // (retrying, since rank 0 may start later) and introduces itself with a hello
@@ -38,24 +40,39 @@ struct Options {
 using Blob = std::vector<std::byte>;
 inline constexpr std::size_t kMaxBlobBytes = 64 * 1024;
 
-class TcpBootstrap {
+// What a Client needs from its job: its place in it, an allgather of one
+// blob per rank and a barrier. Every rank makes the same calls in the same
+// order; a failure throws ami::Error naming the rank and the step.
+class Bootstrap {
+ public:
+  virtual ~Bootstrap() = default;  // never throws
+  virtual std::uint32_t rank() const = 0;
+  virtual std::uint32_t size() const = 0;
+  // Every rank passes its blob (at most kMaxBlobBytes); everyone gets all
+  // blobs indexed by rank.
+  virtual std::vector<Blob> allgather(std::span<const std::byte> mine) = 0;
+  virtual void barrier() = 0;
+  virtual std::string_view name() const = 0;  // "tcp", "pmix"
+};
+
+class TcpBootstrap final : public Bootstrap {
  public:
   // Rank 0 listens and accepts size-1 connections; the others connect,
   // retrying every ~50 ms until the timeout. Size 1 opens no socket at all.
   explicit TcpBootstrap(const Options& options);
-  ~TcpBootstrap();  // closes every socket; never throws
+  ~TcpBootstrap() override;  // closes every socket; never throws
   TcpBootstrap(const TcpBootstrap&) = delete;
   TcpBootstrap& operator=(const TcpBootstrap&) = delete;
 
-  std::uint32_t rank() const;
-  std::uint32_t size() const;
+  std::uint32_t rank() const override;
+  std::uint32_t size() const override;
   std::uint16_t port() const;  // the port rank 0 listens on (useful with port 0)
 
-  // Every rank passes its blob (at most kMaxBlobBytes); everyone gets all
-  // blobs indexed by rank. After a failure the bootstrap has closed its
-  // sockets and every later call throws.
-  std::vector<Blob> allgather(std::span<const std::byte> mine);
-  void barrier();  // allgather of nothing
+  // After a failure the bootstrap has closed its sockets and every later
+  // call throws.
+  std::vector<Blob> allgather(std::span<const std::byte> mine) override;
+  void barrier() override;  // allgather of nothing
+  std::string_view name() const override { return "tcp"; }
 
   // For later failure detection: the native socket fds (rank 0: one per
   // peer, by rank; others: the one to rank 0). Still owned by the bootstrap.

@@ -16,6 +16,7 @@
 #include "ami/device/region_table.hpp"
 #include "ami/error.hpp"
 #include "bootstrap.hpp"
+#include "job_bootstrap.hpp"
 #include "context_impl.hpp"
 #include "verbs_backend/verbs_domain.hpp"
 
@@ -30,23 +31,6 @@ std::uint64_t random_job_id() {
 
 std::uint32_t u32(const Config& c, std::string_view name) {
   return static_cast<std::uint32_t>(c.number(name));
-}
-
-bootstrap::Options job_bootstrap(const ClientOptions& o) {
-  bootstrap::Options b;
-  b.rank = o.job.rank.value_or(u32(o.config, "AMI_RANK"));
-  b.size = o.job.size.value_or(u32(o.config, "AMI_SIZE"));
-  b.timeout = std::chrono::milliseconds(o.config.number("AMI_BOOTSTRAP_TIMEOUT"));
-  if (b.size == 0) throw Error("Client: the job size must be at least 1");
-  if (b.rank >= b.size)
-    throw Error("Client: rank " + std::to_string(b.rank) + " is not below the job size " +
-                std::to_string(b.size));
-  if (b.size == 1) return b;
-  const std::string& address = o.job.bootstrap.empty() ? o.config.text("AMI_BOOTSTRAP") : o.job.bootstrap;
-  if (!bootstrap::parse_address(address, b.host, b.port))
-    throw Error("Client: a job of " + std::to_string(b.size) +
-                " needs a bootstrap address host:port (AMI_BOOTSTRAP), not '" + address + "'");
-  return b;
 }
 
 // Which of shm and verbs AMI_BACKENDS allows (self always serves the own task).
@@ -104,26 +88,30 @@ std::string hostname() {
 }  // namespace
 
 struct Client::Impl {
-  explicit Impl(ClientOptions& o, const bootstrap::Options& b)
-      : name(std::move(o.name)), config(std::move(o.config)), task(b.rank), size(b.size),
-        regions(0, b.rank, u32(config, "AMI_MAX_REGIONS")),
-        shm(b.rank, b.size, o.contexts,
+  explicit Impl(ClientOptions& o, std::unique_ptr<bootstrap::Bootstrap> b)
+      : boot(std::move(b)), name(std::move(o.name)), config(std::move(o.config)), task(boot->rank()),
+        size(boot->size()),
+        regions(0, task, u32(config, "AMI_MAX_REGIONS")),
+        shm(task, size, o.contexts,
             shm::DomainOptions{u32(config, "AMI_SHM_RING_DEPTH"), u32(config, "AMI_SHM_CELL_SIZE"),
                                config.flag("AMI_SHM_CMA")},
             regions),
-        self(b.rank, o.contexts, u32(config, "AMI_SELF_QUEUE_DEPTH"), u32(config, "AMI_SELF_CELL_SIZE"),
+        self(task, o.contexts, u32(config, "AMI_SELF_QUEUE_DEPTH"), u32(config, "AMI_SELF_CELL_SIZE"),
              regions),
         backends(choose_backends(config)) {
     if (backends.verbs) open_verbs(o.contexts);
   }
 
   void open_verbs(std::uint16_t contexts);
-  void exchange_addresses(bootstrap::TcpBootstrap* boot, std::uint16_t contexts);
+  void exchange_addresses(std::uint16_t contexts);
   void attach_peer(const AddressBlob& mine, const AddressBlob& peer);
   static bool verbs_between(const AddressBlob& a, const AddressBlob& b);
   Status register_region(RemoteKey& key, void* address, std::size_t length, std::uint32_t& lkey);
   std::unique_ptr<detail::RegistrationCache> make_cache();
 
+  // First, so it goes last: a PMIx bootstrap keeps the launcher's session
+  // open for the client's life.
+  std::unique_ptr<bootstrap::Bootstrap> boot;
   std::string name;
   Config config;
   std::uint32_t task;
@@ -176,7 +164,7 @@ bool Client::Impl::verbs_between(const AddressBlob& a, const AddressBlob& b) {
 // Every task learns every other task's address, agrees on the job id (rank
 // 0's), maps the segments of the peers on its host and connects its queue
 // pairs to the peers it reaches by verbs.
-void Client::Impl::exchange_addresses(bootstrap::TcpBootstrap* boot, std::uint16_t n) {
+void Client::Impl::exchange_addresses(std::uint16_t n) {
   AddressBlob mine{.job = random_job_id(), .task = task, .contexts = n,
                    .backends = 0, .pid = static_cast<std::uint32_t>(::getpid()),
                    .shm_fd = shm.segment_fd(), .boot_id = read_boot_id(), .hostname = hostname()};
@@ -185,7 +173,7 @@ void Client::Impl::exchange_addresses(bootstrap::TcpBootstrap* boot, std::uint16
     mine.backends |= AddressBlob::kVerbs;
     mine.verbs = verbs->local_address();
   }
-  if (boot == nullptr) {
+  if (size == 1) {
     job = mine.job;
     regions.set_job(job);
     return;
@@ -233,17 +221,17 @@ Client::Client(ClientOptions options) {
   if (options.contexts == 0 || options.contexts > shm::kMaxContexts)
     throw Error("Client: contexts must be 1.." + std::to_string(shm::kMaxContexts));
   const std::uint16_t n = options.contexts;
-  const bootstrap::Options b = job_bootstrap(options);
-  std::unique_ptr<bootstrap::TcpBootstrap> boot;
-  if (b.size > 1) boot = std::make_unique<bootstrap::TcpBootstrap>(b);
-  impl_ = std::make_unique<Impl>(options, b);
-  impl_->exchange_addresses(boot.get(), n);
+  impl_ = std::make_unique<Impl>(options, bootstrap::open_job(options.job, options.config));
+  impl_->exchange_addresses(n);
 
   const Config& c = impl_->config;
   protocol::AmEngine::Shape shape{impl_->size, n, u32(c, "AMI_MAX_REQUESTS")};
   shape.rndv_mode = static_cast<protocol::rndv::Mode>(c.number("AMI_RNDV_MODE"));
   shape.rndv_crossover = c.number_or_auto("AMI_RNDV_CROSSOVER");
   shape.rndv_low_water = u32(c, "AMI_RNDV_LOW_WATER");
+  shape.ack_idle_threshold = u32(c, "AMI_ACK_IDLE_THRESHOLD");
+  shape.ack_max_unacked = u32(c, "AMI_ACK_MAX_UNACKED");
+  shape.keepalive_ms = u32(c, "AMI_KEEPALIVE_INTERVAL");
   const auto fifo_depth = u32(c, "AMI_FIFO_DEPTH");
   for (std::uint16_t i = 0; i < n; ++i)
     impl_->contexts.push_back(std::unique_ptr<Context>(new Context(std::make_unique<detail::ContextImpl>(
@@ -273,6 +261,7 @@ const std::string& Client::name() const { return impl_->name; }
 std::uint32_t Client::task() const { return impl_->task; }
 std::uint32_t Client::size() const { return impl_->size; }
 std::uint64_t Client::job() const { return impl_->job; }
+std::string_view Client::bootstrap_name() const { return impl_->boot->name(); }
 std::uint16_t Client::context_count() const { return static_cast<std::uint16_t>(impl_->contexts.size()); }
 Context& Client::context(std::uint16_t index) { return *impl_->contexts.at(index); }
 const Config& Client::config() const { return impl_->config; }
@@ -291,6 +280,9 @@ std::string Client::describe_backends() const {
   // Every lane above is one ring or one RC queue pair: it delivers in order.
   out += "fence: a message behind the earlier operations (every lane delivers in order; a lane that "
          "may reorder would be flushed instead)\n";
+  out += "acks: batched, after " + c.text("AMI_ACK_IDLE_THRESHOLD") + " idle advances or " +
+         c.text("AMI_ACK_MAX_UNACKED") + " unacked messages per peer; keepalive every " +
+         c.text("AMI_KEEPALIVE_INTERVAL") + " ms\n";
   return out;
 }
 

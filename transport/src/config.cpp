@@ -29,13 +29,20 @@ constexpr ParamSpec kTable[] = {
     {"AMI_SHM_CMA", "on", ParamType::boolean, 0, 1,
      "PUT/GET between processes with one copy by process_vm_writev/readv; off copies through the rings."},
     {"AMI_RANK", "0", ParamType::unsigned_int, 0, 0xFFFFFFFFu,
-     "This process's rank in the job (when not started by a tool or a launcher)."},
+     "This process's rank in the job (when not started by a tool or a PMIx launcher)."},
     {"AMI_SIZE", "1", ParamType::unsigned_int, 1, 0xFFFFFFFFu,
      "Processes in the job; 1 needs no bootstrap."},
     {"AMI_BOOTSTRAP", "", ParamType::text, 0, 0,
      "host:port where rank 0 listens and the other ranks connect to exchange addresses."},
     {"AMI_BOOTSTRAP_TIMEOUT", "30000", ParamType::unsigned_int, 1, 3600000,
-     "Milliseconds to wait for the bootstrap: connecting to rank 0 and each exchange."},
+     "Milliseconds to wait for the bootstrap: connecting to rank 0 and each exchange (PMIx: each "
+     "fence and get, in whole seconds)."},
+    {"AMI_BOOTSTRAP_MODE", "auto", ParamType::choice, 0, 0,
+     "How the job's tasks find each other: pmix (rank, size and the address exchange from the PMIx "
+     "launcher that started the process: mpirun, prterun, srun --mpi=pmix; an error without one), "
+     "tcp (AMI_RANK, AMI_SIZE, AMI_BOOTSTRAP), or auto: pmix when a PMIx launcher started the "
+     "process and neither the program nor AMI_RANK, AMI_SIZE, AMI_BOOTSTRAP gives the job, tcp "
+     "otherwise.", false, "auto|pmix|tcp"},
     {"AMI_BACKENDS", "self,shm,verbs", ParamType::text, 0, 0,
      "Backends this process may use, comma-separated from self, shm, verbs. A peer is reached by the "
      "first of self, shm, verbs (in that order) that is listed and reaches it; leave out shm to run "
@@ -75,6 +82,16 @@ constexpr ParamSpec kTable[] = {
     {"AMI_RNDV_LOW_WATER", "75", ParamType::unsigned_int, 1, 100,
      "Percent of a context's reception buffers in use at which it stops every eager message it "
      "can."},
+    {"AMI_ACK_IDLE_THRESHOLD", "8", ParamType::unsigned_int, 0, 1u << 20,
+     "Idle advances (advances in which nothing arrived) after which a context acknowledges every "
+     "message it owes an answer, coalesced per origin; 0 answers each at once."},
+    {"AMI_ACK_MAX_UNACKED", "64", ParamType::unsigned_int, 1, 1u << 20,
+     "Messages from one origin a context leaves unacknowledged at most: under sustained load it "
+     "acknowledges them at once when that many are waiting."},
+    {"AMI_KEEPALIVE_INTERVAL", "1000", ParamType::unsigned_int, 0, 3600000,
+     "Milliseconds between keepalives to a peer this context waits on (for an answer, or the rest "
+     "of a message) that sent nothing meanwhile; a lane that cannot deliver one fails the peer. "
+     "0: none."},
     {"AMI_RCACHE_MAX_ENTRIES", "256", ParamType::unsigned_int, 1, 1u << 20,
      "Registrations each context's registration cache holds (in use and idle)."},
     {"AMI_RCACHE_MAX_MB", "4096", ParamType::unsigned_int, 1, 1u << 30,
@@ -82,6 +99,13 @@ constexpr ParamSpec kTable[] = {
     {"AMI_RCACHE_IDLE", "auto", ParamType::unsigned_int, 0, 1u << 20,
      "Idle registrations kept for reuse: auto keeps 64 without verbs and none with it (a pinned "
      "registration kept past free() would point at the old pages).", true},
+    {"AMI_COLL_EAGER_MAX", "8192", ParamType::unsigned_int, 0, 1ull << 30,
+     "Bytes up to which a collective's message that comes before its call waits in an early-arrival "
+     "buffer, and a contribution to a reduction is combined piece by piece as its packets arrive; a "
+     "larger one waits at its sender and comes by the rendezvous straight into place."},
+    {"AMI_COLL_RING_MIN", "65536", ParamType::unsigned_int, 0, 1ull << 40,
+     "Bytes from which allreduce runs as a ring (reduce-scatter, then allgather, each block straight "
+     "into the receive buffer) rather than by recursive doubling; the same on every task."},
 };
 
 constexpr std::uint64_t kAuto = ~std::uint64_t{0};

@@ -37,9 +37,15 @@ Status Context::fence(Endpoint dest, Callback done) { return impl_->engine.fence
 Status Context::fence_all(Callback done) { return impl_->engine.fence_all(done); }
 void Context::set_fence_handler(FenceHandler handler) { impl_->engine.set_fence_handler(handler); }
 
+Status Context::post(Callback work) { return impl_->engine.post(work); }
+
+void Context::set_error_handler(PeerErrorHandler handler) { impl_->engine.set_error_handler(handler); }
+
 std::size_t Context::immediate_limit(Endpoint dest) { return impl_->engine.immediate_limit(dest); }
 
 std::string_view Context::backend_for(Endpoint dest) { return impl_->engine.backend_for(dest); }
+
+AckPeerStats Context::ack_stats(Endpoint dest) const { return impl_->engine.ack_stats(dest); }
 
 std::string Context::describe_lane(Endpoint dest) {
   const std::string_view backend = backend_for(dest);

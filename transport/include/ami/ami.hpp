@@ -3,6 +3,7 @@
 
 #include "ami/callback.hpp"
 #include "ami/client.hpp"
+#include "ami/collectives.hpp"
 #include "ami/config.hpp"
 #include "ami/context.hpp"
 #include "ami/dispatch.hpp"

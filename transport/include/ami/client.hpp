@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ami/config.hpp"
@@ -24,8 +25,11 @@
 
 namespace ami {
 
-// Where this task sits in its job. Unset fields come from AMI_RANK,
-// AMI_SIZE and AMI_BOOTSTRAP; a job of one needs nothing.
+// Where this task sits in its job. Under a PMIx launcher (mpirun, prterun,
+// srun --mpi=pmix) leave them unset: rank and size then come from the
+// launcher (AMI_BOOTSTRAP_MODE). Otherwise unset fields come from AMI_RANK,
+// AMI_SIZE and AMI_BOOTSTRAP; a job of one needs nothing. Setting any of
+// them chooses the TCP bootstrap unless AMI_BOOTSTRAP_MODE=pmix.
 struct JobOptions {
   std::optional<std::uint32_t> rank;
   std::optional<std::uint32_t> size;
@@ -50,11 +54,13 @@ class Client {
   std::uint32_t task() const;   // this process's rank
   std::uint32_t size() const;   // tasks in the job
   std::uint64_t job() const;    // identifies this job in remote keys
+  std::string_view bootstrap_name() const;  // how the tasks found each other: "tcp" or "pmix"
   std::uint16_t context_count() const;
   Context& context(std::uint16_t index);
   const Config& config() const;
 
-  // One line per backend in use: its name and how it is set up.
+  // One line per backend in use: its name and how it is set up; then how
+  // fences and acknowledgements work ("fence: ...", "acks: ...").
   std::string describe_backends() const;
 
   // Registers [address, address + length) for local use and remote access.

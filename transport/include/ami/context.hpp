@@ -77,6 +77,16 @@ class Context {
   Status fence_all(Callback done);
   // Called at this context when a fence from a peer arrives.
   void set_fence_handler(FenceHandler handler);
+  // Called (inside advance) when a peer fails: its process died, its lane
+  // broke, or it could not be reached by a keepalive (AMI_KEEPALIVE_INTERVAL).
+  // Every operation to it that was pending has by then completed with an
+  // error; later ones return peer_failed. Other peers are not affected.
+  void set_error_handler(PeerErrorHandler handler);
+
+  // Runs work (with ok) inside a later advance() of this context, in the
+  // order posted: for what must happen on the advancing thread but not
+  // inside the call that starts it, as done callbacks never run there.
+  Status post(Callback work);
 
   // Makes progress: device work, completions, queued instructions, arrivals.
   // Returns the number of events handled (0 when idle).
@@ -87,6 +97,9 @@ class Context {
   void unlock();
 
   const ContextStats& stats() const;
+  // Acks this context sent to dest and the messages they answered (zero for
+  // an endpoint out of range).
+  AckPeerStats ack_stats(Endpoint dest) const;
   // Name of the backend that reaches dest ("self", "shm", "verbs"), or "".
   std::string_view backend_for(Endpoint dest);
   // The lane to dest, for diagnostics, as perftest's banner lines

@@ -82,6 +82,14 @@ struct FenceHandler {
   void* cookie = nullptr;
 };
 
+// Runs when a peer fails (its process died, its lane broke, it stopped
+// answering keepalives): after every pending operation to it completed with
+// an error; later operations to it return peer_failed.
+struct PeerErrorHandler {
+  void (*fn)(void* cookie, Endpoint peer, Status why) = nullptr;
+  void* cookie = nullptr;
+};
+
 struct Dispatch {
   DispatchFn fn = nullptr;
   void* cookie = nullptr;

@@ -43,17 +43,34 @@ struct ContextStats {
   std::uint64_t rndv_eager_complete = 0;  // stoppable messages that arrived whole, eagerly
   std::uint64_t rndv_get_bytes = 0;       // fetched by discard_get and split_get
   std::uint64_t rndv_late_bytes = 0;      // eager bytes that arrived after a stop
+  // Acknowledgements (DESIGN.md, method 4): one ack answers a run of
+  // messages (remote-dones, rendezvous verdicts, fence answers) from one
+  // origin, sent when the context is idle or the origin's window is full.
   std::uint64_t acks_sent = 0;
   std::uint64_t acks_received = 0;
+  std::uint64_t messages_acked = 0;       // messages the acks sent answered
+  std::uint64_t messages_ack_received = 0;  // messages the acks received answered
+  std::uint64_t credit_returns = 0;       // lulls in which reception credit went back to the devices
   // Fences: by a message behind the operations (ordered lanes), or by
   // flushing a lane that may reorder; answered as a target.
   std::uint64_t fences_by_message = 0;
   std::uint64_t fences_by_flush = 0;
   std::uint64_t fences_answered = 0;
+  // Peer failure (a lane lost for good) and the keepalives that find it.
+  std::uint64_t peers_failed = 0;
+  std::uint64_t keepalives_sent = 0;
+  std::uint64_t keepalives_received = 0;
+  std::uint64_t packets_from_failed = 0;  // arrived from a peer already failed; dropped
   // The context's registration cache.
   std::uint64_t rcache_hits = 0;
   std::uint64_t rcache_misses = 0;
   std::uint64_t rcache_evictions = 0;
+};
+
+// Acknowledgements a context sent to one peer (Context::ack_stats).
+struct AckPeerStats {
+  std::uint64_t messages_acked = 0;
+  std::uint64_t acks_sent = 0;
 };
 
 // Names of rndv_stops_by_reason[i] and rndv_stops_by_mode[i].

@@ -26,6 +26,10 @@ namespace ami::device {
 class PacketSink {
  public:
   virtual void on_packet(Endpoint origin, std::span<const std::byte> bytes) = 0;
+  // The lane to peer broke for good (its process died, its QP went into
+  // error): called once, inside progress(), after the device completed
+  // every descriptor still in the lane's FIFO with an error. why names it.
+  virtual void on_lane_failed(Endpoint peer, Status why) = 0;
 
  protected:
   ~PacketSink() = default;
@@ -76,6 +80,12 @@ class Device {
   // How much of the context's reception buffers (queue cells, posted receive
   // buffers) is in use, in percent: an input of the receiver's stop policy.
   virtual unsigned reception_load() const { return 0; }
+  // Hands back to the peers every reception resource consumed so far (ring
+  // cells, receive buffers) that the device holds back to return in
+  // batches. The engine's ack dispatcher calls it in a lull; a device also
+  // returns credit by itself once a batch is full, so none waits on it.
+  // Returns how much was returned.
+  virtual std::size_t return_credit() { return 0; }
 };
 
 }  // namespace ami::device

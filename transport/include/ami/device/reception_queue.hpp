@@ -117,11 +117,14 @@ class ReceptionQueue {
     std::atomic_ref<std::uint64_t> cached(cached_head_);
     std::uint64_t pos = header_->tail.load(std::memory_order_relaxed);
     for (;;) {
-      if (pos - cached.load(std::memory_order_relaxed) >= depth_) {
+      // Acquire and release on the cached head too: a producer that uses a
+      // head another producer read must be ordered after the consumer's
+      // reads of the cells that head frees, as the reader was.
+      if (pos - cached.load(std::memory_order_acquire) >= depth_) {
         // Looks full: see how far the consumer really is. The acquire pairs
         // with its release of the cell we are about to reuse.
         const std::uint64_t head = header_->head.load(std::memory_order_acquire);
-        cached.store(head, std::memory_order_relaxed);
+        cached.store(head, std::memory_order_release);
         if (pos - head >= depth_) return {};  // full
       }
       if (header_->tail.compare_exchange_weak(pos, pos + 1, std::memory_order_acquire,
@@ -147,7 +150,7 @@ class ReceptionQueue {
   };
   bool peek(Arrival& out) {
     for (;;) {
-      const std::uint64_t pos = header_->head.load(std::memory_order_relaxed);
+      const std::uint64_t pos = consumed_;
       Cell* c = cell(pos);
       if (c->sequence.load(std::memory_order_acquire) != pos + 1) return false;
       if (c->length == kDiscarded || c->length > max_data()) {
@@ -163,19 +166,42 @@ class ReceptionQueue {
   // full the queue is, as the consumer sees it (a hint, not a promise).
   std::uint32_t occupancy() const {
     const std::uint64_t tail = header_->tail.load(std::memory_order_relaxed);
-    const std::uint64_t head = header_->head.load(std::memory_order_relaxed);
+    const std::uint64_t head = consumed_;
     return tail > head ? static_cast<std::uint32_t>(std::min<std::uint64_t>(tail - head, depth_)) : 0;
   }
-  // Hands the cell peek() returned back to the producers.
+  // Consumer side: cells reserved so far by all producers, and consumed so
+  // far. Every cell a producer had reserved when tail() was read lies below
+  // it: once consumed() reaches it, none of them is left.
+  std::uint64_t tail() const { return header_->tail.load(std::memory_order_acquire); }
+  std::uint64_t consumed() const { return consumed_; }
+  // Done with the cell peek() returned. It goes back to the producers (the
+  // head moves) once credit_batch() cells are done, or at publish().
   void release() {
-    const std::uint64_t pos = header_->head.load(std::memory_order_relaxed);
-    header_->head.store(pos + 1, std::memory_order_release);
+    ++consumed_;
+    if (consumed_ - published_ >= credit_batch_) publish();
   }
+  // Hands every cell released so far back to the producers; returns how many.
+  std::uint64_t publish() {
+    const std::uint64_t n = consumed_ - published_;
+    if (n != 0) {
+      header_->head.store(consumed_, std::memory_order_release);
+      published_ = consumed_;
+    }
+    return n;
+  }
+  // Cells released before the head moves: 1 (the default) returns each at
+  // once; a larger batch touches the producers' cache line less often and
+  // holds back at most batch - 1 cells. Clamped to [1, depth / 2].
+  void set_credit_batch(std::uint32_t batch) {
+    credit_batch_ = std::clamp<std::uint32_t>(batch, 1, std::max<std::uint32_t>(1, depth_ / 2));
+  }
+  std::uint32_t credit_batch() const { return credit_batch_; }
 
  private:
   explicit ReceptionQueue(Header* h)
       : header_(h), cells_(reinterpret_cast<std::byte*>(h) + sizeof(Header)), depth_(h->depth),
-        cell_bytes_(h->cell_bytes) {}
+        cell_bytes_(h->cell_bytes), consumed_(h->head.load(std::memory_order_acquire)),
+        published_(consumed_) {}
   Cell* cell(std::uint64_t pos) const {
     return reinterpret_cast<Cell*>(cells_ + (pos & (depth_ - 1)) * cell_bytes_);
   }
@@ -185,6 +211,10 @@ class ReceptionQueue {
   std::uint32_t depth_ = 0;
   std::uint32_t cell_bytes_ = 0;
   std::uint64_t cached_head_ = 0;  // a producer's last look at the head (atomic_ref: several threads)
+  // The consumer's own: the next cell to consume, the head last published.
+  std::uint64_t consumed_ = 0;
+  std::uint64_t published_ = 0;
+  std::uint32_t credit_batch_ = 1;
 };
 
 }  // namespace ami::device

@@ -1,0 +1,151 @@
+// bench/ami_coll_bench.cpp — latency of ami's barrier, 8-byte allreduce and
+// 1 MiB allreduce (sums of doubles) over the world of a job; its twin for
+// MPI is bench/mpi_coll_bench.c, and bench/coll_vs_mpi.sh runs both.
+//
+// Every task runs it, placed by AMI_RANK, AMI_SIZE and AMI_BOOTSTRAP. For
+// each collective: warm-up iterations, then repetitions of back-to-back
+// iterations, each repetition starting after a barrier; task 0 prints the
+// median over repetitions of the time per iteration, one line each:
+//   barrier <usec>
+//   allreduce_8 <usec>
+//   allreduce_1m <usec>
+//
+// usage: ami_coll_bench [--iters N] [--large-iters N] [--reps R] [--yield]
+//   --yield: sched_yield() whenever an advance finds nothing to do (for
+//   jobs with more tasks than cores).
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ami/ami.hpp"
+
+namespace {
+
+constexpr std::uint16_t kDispatch = 60;
+
+struct Options {
+  int iters = 10000;
+  int large_iters = 200;
+  int reps = 11;
+  bool yield = false;
+};
+
+bool parse(int argc, char** argv, Options& o) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (a == "--iters" && has_value) {
+      o.iters = std::atoi(argv[++i]);
+    } else if (a == "--large-iters" && has_value) {
+      o.large_iters = std::atoi(argv[++i]);
+    } else if (a == "--reps" && has_value) {
+      o.reps = std::atoi(argv[++i]);
+    } else if (a == "--yield") {
+      o.yield = true;
+    } else {
+      std::fprintf(stderr, "usage: %s [--iters N] [--large-iters N] [--reps R] [--yield]\n", argv[0]);
+      return false;
+    }
+  }
+  return o.iters > 0 && o.large_iters > 0 && o.reps > 0;
+}
+
+class Bench {
+ public:
+  Bench(ami::Client& client, const Options& o)
+      : c_(client.context(0)), coll_(c_, kDispatch), w_(coll_.world()), o_(o) {}
+
+  // One collective, waited for.
+  void barrier() { finish(w_.barrier(callback())); }
+  void allreduce(const double* send, double* recv, std::size_t count) {
+    finish(w_.allreduce(send, recv, count, ami::DataType::float64, ami::ReduceOp::sum, callback()));
+  }
+
+  // Median over repetitions of the time per iteration of op, in usec.
+  template <typename Op>
+  double measure(int iters, Op op) {
+    for (int i = 0; i < std::max(iters / 10, 10); ++i) op();  // warm-up
+    std::vector<double> per_iter;
+    for (int r = 0; r < o_.reps; ++r) {
+      barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < iters; ++i) op();
+      const auto t1 = std::chrono::steady_clock::now();
+      per_iter.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / iters);
+    }
+    std::sort(per_iter.begin(), per_iter.end());
+    return per_iter[per_iter.size() / 2];
+  }
+
+  std::uint32_t rank() const { return w_.rank(); }
+
+  // Before exiting: every peer has heard this task's last acknowledgements.
+  void farewell() {
+    barrier();
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
+    while (std::chrono::steady_clock::now() < until) (void)c_.advance();
+  }
+
+ private:
+  ami::Callback callback() {
+    done_ = false;
+    return {+[](void* p, ami::Status s) {
+      auto* b = static_cast<Bench*>(p);
+      b->done_ = true;
+      b->status_ = s;
+    }, this};
+  }
+  void finish(ami::Status posted) {
+    if (!posted.ok()) fail(posted);
+    while (!done_)
+      if (c_.advance() == 0 && o_.yield) sched_yield();
+    if (!status_.ok()) fail(status_);
+  }
+  [[noreturn]] static void fail(ami::Status s) {
+    std::fprintf(stderr, "ami_coll_bench: %s\n", ami::to_string(s).c_str());
+    std::exit(1);
+  }
+
+  ami::Context& c_;
+  ami::Collectives coll_;
+  ami::Geometry& w_;
+  Options o_;
+  bool done_ = false;
+  ami::Status status_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (!parse(argc, argv, o)) return 2;
+  try {
+    ami::Client client;
+    Bench b(client, o);
+    const double x = 1.0 + b.rank();
+    double y = 0;
+    std::vector<double> send(131072, 1.0 + b.rank()), recv(send.size());
+    const double barrier = b.measure(o.iters, [&] { b.barrier(); });
+    const double small = b.measure(o.iters, [&] { b.allreduce(&x, &y, 1); });
+    const double large = b.measure(o.large_iters, [&] { b.allreduce(send.data(), recv.data(), send.size()); });
+    b.farewell();
+    if (b.rank() == 0) {
+      std::printf("barrier %.3f\nallreduce_8 %.3f\nallreduce_1m %.3f\n", barrier, small, large);
+      const double n = static_cast<double>(client.size());
+      if (y != n * (n + 1) / 2 || recv[12345] != y) {
+        std::fprintf(stderr, "ami_coll_bench: wrong allreduce result\n");
+        return 1;
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ami_coll_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

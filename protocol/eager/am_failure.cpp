@@ -1,0 +1,119 @@
+// protocol/eager/am_failure.cpp — a failed peer, and the keepalives that
+// find one that died quietly.
+//
+// A device reports a lane it lost for good (the peer's process exited, its
+// QP went into error) after failing what was in the lane's FIFO. The engine
+// then fails everything else that concerns the peer: instructions still in
+// its work queue, control packets it owed it, requests waiting for its
+// answer, messages from it being received; runs the error handler; and
+// refuses later operations to it with peer_failed. Other peers are not
+// touched.
+//
+// A peer that dies while nothing is on its lane is found by keepalives:
+// every AMI_KEEPALIVE_INTERVAL, a peer this context has a lane to that sent
+// nothing since the last look gets a keepalive packet (at most
+// kKeepaliveBatch peers a round, taken in turn); a lane that cannot deliver
+// it (verbs: transport retries exceeded) breaks, and the device reports it.
+// Whether this context still waits on the peer does not matter: a peer whose
+// GET was served, or whose answers all came, may die afterwards, and the
+// error handler is how the user hears of it. Of two quiet peers only one
+// probes in a round: the other hears the probe.
+#include <chrono>
+
+#include "protocol/eager/am_engine.hpp"
+
+namespace ami::protocol {
+
+Status AmEngine::check_alive(Endpoint dest, const char* failed) const {
+  if (dest.task >= shape_.tasks || dest.context >= shape_.contexts) return Status::success();
+  const Peer& peer = peers_[std::size_t{dest.task} * shape_.contexts + dest.context];
+  return peer.failure.ok() ? Status::success() : Status{StatusCode::peer_failed, failed};
+}
+
+void AmEngine::on_lane_failed(Endpoint e, Status why) {
+  Peer* peer = peer_for(e);
+  if (peer == nullptr || !peer->failure.ok()) return;
+  if (why.ok()) why = {StatusCode::peer_failed, "the peer's lane broke"};
+  fail_peer(*peer, why);
+}
+
+void AmEngine::fail_peer(Peer& peer, Status why) {
+  peer.failure = why;
+  ++stats_.peers_failed;
+  const auto index = static_cast<std::uint32_t>(&peer - peers_.data());
+  // Requests are marked first and settled after, each found again by its id
+  // (a callback may post new work that reuses a settled request's slot).
+  std::vector<std::uint64_t> touched;
+  auto mark = [&](Request& r) {
+    if (r.failure.ok()) r.failure = why;
+    r.verdict_pending = false;  // no answer will come
+    touched.push_back(r.id());
+  };
+  // Control packets owed to the peer. A cts or fin with an owner carried
+  // that send's local completion; a GET not yet injected never will be.
+  for (Control& c : peer.controls) {
+    if (c.get != nullptr) {
+      --c.get->gets_pending;
+      if (c.get->failure.ok()) c.get->failure = why;
+    } else if (c.owner != nullptr) {
+      c.owner->local_pending = false;
+      mark(*c.owner);
+    }
+  }
+  peer.controls.clear();
+  // Instructions that never reached the FIFO (or, for a send, not its last
+  // packet, which carries its completion).
+  for (Request* r = peer.head; r != nullptr; r = r->next) {
+    r->local_pending = false;
+    mark(*r);
+  }
+  peer.head = peer.tail = nullptr;
+  for (Request* r = peer.unanswered.head; r != nullptr; r = r->ack_next) mark(*r);
+  for (std::uint64_t id : touched)
+    if (Request* r = pool_.find(id)) settle(*r);
+
+  // Messages from the peer: one arriving eagerly fails now; a stopped one
+  // once its GETs (failed by the device) are accounted for; a deferred one
+  // when accept() is called for it.
+  if (peer.rx.active && peer.rx.stopped == nullptr) complete_rx(peer, why);
+  std::vector<std::uint64_t> inbound;
+  inbound_.for_each_live([&](Inbound& in) {
+    if (in.peer == index) inbound.push_back(in.id());
+  });
+  for (std::uint64_t id : inbound) {
+    Inbound* in = inbound_.find(id);
+    if (in == nullptr) continue;
+    if (in->failure.ok()) in->failure = why;
+    in->end_seen = true;  // no cts or fin will come
+    if (!in->waiting) check_inbound(*in);
+  }
+  peer.rx = Reassembly{};
+  if (error_handler_.fn != nullptr) error_handler_.fn(error_handler_.cookie, peer.endpoint, why);
+}
+
+void AmEngine::keepalive() {
+  const std::size_t n = reached_.size();
+  std::size_t probed = 0;
+  for (std::size_t looked = 0; looked < n && probed < kKeepaliveBatch; ++looked) {
+    Peer* p = reached_[keepalive_cursor_++ % n];
+    const bool quiet = p->heard == p->heard_at_probe;
+    p->heard_at_probe = p->heard;
+    if (!p->failure.ok() || !quiet) continue;
+    push_control(*p, Control{.type = wire::PacketType::keepalive});
+    ++stats_.keepalives_sent;
+    ++probed;
+  }
+}
+
+// Called from advance(): looks at the clock every 64 advances.
+void AmEngine::maybe_keepalive() {
+  if (shape_.keepalive_ms == 0 || (++advances_ & 63) != 0) return;
+  const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::steady_clock::now().time_since_epoch())
+                               .count();
+  if (now < next_keepalive_ns_) return;
+  if (next_keepalive_ns_ != 0) keepalive();
+  next_keepalive_ns_ = now + std::int64_t{shape_.keepalive_ms} * 1000000;
+}
+
+}  // namespace ami::protocol

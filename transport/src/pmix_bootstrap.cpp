@@ -1,0 +1,198 @@
+// pmix_bootstrap.cpp — the bootstrap over the launcher's PMIx server. Every
+// PMIx call goes through check(), which turns a failure into ami::Error with
+// the call's name, PMIx_Error_string and the step it was part of.
+#include "pmix_bootstrap.hpp"
+
+#include <pmix.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+
+#include "ami/error.hpp"
+
+namespace ami::bootstrap {
+
+namespace {
+
+// Numbers the PMIx bootstraps of this process (one per Client). Every task
+// creates its Clients in the same order, so the number names the same
+// bootstrap on every task; with the allgather's own number it makes every
+// key unique, so no exchange relies on how a server replaces an earlier
+// value under the same key, nor reads one left by another Client.
+std::atomic<std::uint32_t> next_instance{0};
+
+// The attributes of a fence or a get: a timeout, and for the fence that
+// publishes blobs, the request to bring everyone's data to everyone.
+class Attributes {
+ public:
+  Attributes(int timeout_seconds, bool collect_data) {
+    add(PMIX_TIMEOUT, &timeout_seconds, PMIX_INT);
+    bool yes = true;
+    if (collect_data) add(PMIX_COLLECT_DATA, &yes, PMIX_BOOL);
+  }
+  ~Attributes() {
+    for (std::size_t i = 0; i < count_; ++i) PMIX_INFO_DESTRUCT(&info_[i]);
+  }
+  Attributes(const Attributes&) = delete;
+  Attributes& operator=(const Attributes&) = delete;
+
+  const pmix_info_t* data() const { return info_.data(); }
+  std::size_t size() const { return count_; }
+
+ private:
+  void add(const char* key, void* value, pmix_data_type_t type) {
+    pmix_info_t& info = info_[count_++];
+    PMIX_INFO_CONSTRUCT(&info);
+    PMIX_INFO_LOAD(&info, key, value, type);
+  }
+
+  std::array<pmix_info_t, 2> info_;
+  std::size_t count_ = 0;
+};
+
+struct ValueRelease {
+  void operator()(pmix_value_t* v) const { PMIX_VALUE_RELEASE(v); }
+};
+using Value = std::unique_ptr<pmix_value_t, ValueRelease>;
+
+// A job-level number (the job size) as whichever integer type the server
+// chose to store it in; nothing when it is not an integer.
+std::optional<std::uint64_t> number(const pmix_value_t& v) {
+  switch (v.type) {
+    case PMIX_UINT32: return v.data.uint32;
+    case PMIX_UINT64: return v.data.uint64;
+    case PMIX_UINT16: return v.data.uint16;
+    case PMIX_SIZE: return v.data.size;
+    case PMIX_INT:
+      if (v.data.integer >= 0) return static_cast<std::uint64_t>(v.data.integer);
+      return std::nullopt;
+    default: return std::nullopt;
+  }
+}
+
+}  // namespace
+
+bool launched_by_pmix() {
+  const char* nspace = std::getenv("PMIX_NAMESPACE");
+  const char* rank = std::getenv("PMIX_RANK");
+  return nspace != nullptr && *nspace != '\0' && rank != nullptr && *rank != '\0';
+}
+
+struct PmixBootstrap::Impl {
+  // Owed once PMIx_Init succeeded, also when the constructor throws after it.
+  struct Session {
+    bool up = false;
+    ~Session() {
+      if (up) (void)PMIx_Finalize(nullptr, 0);
+    }
+  };
+
+  explicit Impl(std::chrono::milliseconds timeout)
+      : timeout_seconds(static_cast<int>(std::max<std::int64_t>(1, (timeout.count() + 999) / 1000))),
+        instance(next_instance++) {}
+
+  Session session;  // first: finalised after everything else
+  pmix_proc_t self{};
+  std::string nspace;
+  std::uint32_t size = 0;
+  int timeout_seconds;
+  std::uint32_t instance;
+  std::uint32_t rounds = 0;  // allgathers so far: the last part of each key
+
+  std::string prefix() const {
+    return "bootstrap: pmix rank " + std::to_string(self.rank) + " of namespace " + nspace + ": ";
+  }
+  void check(pmix_status_t rc, const char* call, const std::string& step) const {
+    if (rc != PMIX_SUCCESS)
+      throw Error(prefix() + call + " failed: " + PMIx_Error_string(rc) + " (" + step + ")");
+  }
+  pmix_proc_t proc(pmix_rank_t rank) const {
+    pmix_proc_t p = self;
+    p.rank = rank;
+    return p;
+  }
+  Value get(const pmix_proc_t& who, const char* key, const std::string& step) const {
+    const Attributes attributes(timeout_seconds, false);
+    pmix_value_t* v = nullptr;
+    check(PMIx_Get(&who, key, attributes.data(), attributes.size(), &v), "PMIx_Get", step);
+    if (v == nullptr) throw Error(prefix() + "PMIx_Get returned no value (" + step + ")");
+    return Value(v);
+  }
+  void fence(bool collect_data, const std::string& step) const {
+    const Attributes attributes(timeout_seconds, collect_data);
+    const pmix_proc_t everyone = proc(PMIX_RANK_WILDCARD);
+    check(PMIx_Fence(&everyone, 1, attributes.data(), attributes.size()), "PMIx_Fence",
+          step + ", timeout " + std::to_string(timeout_seconds) + " s");
+  }
+};
+
+PmixBootstrap::PmixBootstrap(std::chrono::milliseconds timeout) : impl_(std::make_unique<Impl>(timeout)) {
+  Impl& m = *impl_;
+  const char* nspace = std::getenv("PMIX_NAMESPACE");
+  m.nspace = nspace != nullptr ? nspace : "(unset)";
+  const pmix_status_t rc = PMIx_Init(&m.self, nullptr, 0);
+  if (rc != PMIX_SUCCESS)
+    throw Error("bootstrap: pmix: PMIx_Init failed: " + std::string(PMIx_Error_string(rc)) +
+                " (connecting to the launcher's PMIx server for namespace " + m.nspace + ")");
+  m.session.up = true;
+  m.nspace.assign(m.self.nspace, ::strnlen(m.self.nspace, sizeof m.self.nspace));
+
+  const Value v = m.get(m.proc(PMIX_RANK_WILDCARD), PMIX_JOB_SIZE, "reading the job size");
+  const std::optional<std::uint64_t> size = number(*v);
+  if (!size || *size == 0 || *size > 0xFFFFFFFFu)
+    throw Error(m.prefix() + "the launcher's job size (" PMIX_JOB_SIZE ") is not a usable number");
+  m.size = static_cast<std::uint32_t>(*size);
+  if (m.self.rank >= m.size)
+    throw Error(m.prefix() + "the rank is not below the job size " + std::to_string(m.size));
+}
+
+PmixBootstrap::~PmixBootstrap() = default;
+
+std::uint32_t PmixBootstrap::rank() const { return impl_->self.rank; }
+std::uint32_t PmixBootstrap::size() const { return impl_->size; }
+const std::string& PmixBootstrap::nspace() const { return impl_->nspace; }
+
+std::vector<Blob> PmixBootstrap::allgather(std::span<const std::byte> mine) {
+  const Impl& m = *impl_;
+  if (mine.size() > kMaxBlobBytes)
+    throw Error(m.prefix() + "a blob of " + std::to_string(mine.size()) + " bytes exceeds the limit of " +
+                std::to_string(kMaxBlobBytes));
+  const std::string key = "ami.blob." + std::to_string(m.instance) + "." + std::to_string(impl_->rounds++);
+
+  // PMIx_Put copies the value: it may point at the caller's bytes.
+  pmix_value_t value;
+  PMIX_VALUE_CONSTRUCT(&value);
+  value.type = PMIX_BYTE_OBJECT;
+  value.data.bo.bytes = const_cast<char*>(reinterpret_cast<const char*>(mine.data()));
+  value.data.bo.size = mine.size();
+  m.check(PMIx_Put(PMIX_GLOBAL, key.c_str(), &value), "PMIx_Put", "publishing this rank's blob as " + key);
+  m.check(PMIx_Commit(), "PMIx_Commit", "publishing this rank's blob as " + key);
+  m.fence(true, "collecting every rank's blob " + key);
+
+  std::vector<Blob> all(m.size);
+  all[m.self.rank].assign(mine.begin(), mine.end());
+  for (std::uint32_t r = 0; r < m.size; ++r) {
+    if (r == m.self.rank) continue;
+    const std::string step = "reading rank " + std::to_string(r) + "'s blob " + key;
+    const Value v = m.get(m.proc(r), key.c_str(), step);
+    if (v->type != PMIX_BYTE_OBJECT)
+      throw Error(m.prefix() + "rank " + std::to_string(r) + "'s blob " + key + " is not a byte object (type " +
+                  std::to_string(v->type) + ")");
+    const pmix_byte_object_t& bo = v->data.bo;
+    if (bo.size > kMaxBlobBytes)
+      throw Error(m.prefix() + "rank " + std::to_string(r) + "'s blob of " + std::to_string(bo.size) +
+                  " bytes exceeds the limit of " + std::to_string(kMaxBlobBytes));
+    const auto* bytes = reinterpret_cast<const std::byte*>(bo.bytes);
+    if (bo.size != 0) all[r].assign(bytes, bytes + bo.size);
+  }
+  return all;
+}
+
+void PmixBootstrap::barrier() { impl_->fence(false, "barrier"); }
+
+}  // namespace ami::bootstrap
