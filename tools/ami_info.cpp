@@ -28,7 +28,8 @@ void print_config() {
     if (p.allows_auto) std::printf("# or auto\n");
     const std::string& value = config.text(p.name);
     const std::string_view origin = config.origin(p.name);
-    std::printf("%.*s=%s%s\n", static_cast<int>(p.name.size()), p.name.data(), value.c_str(),
+    const char* shown = p.secret && !value.empty() ? "(set, not shown)" : value.c_str();
+    std::printf("%.*s=%s%s\n", static_cast<int>(p.name.size()), p.name.data(), shown,
                 origin == "environment" ? "   # from the environment" : "");
   }
 }

@@ -52,8 +52,10 @@ inline std::size_t open_fds() {
 
 // Forks one child per rank; each builds its Client and runs its script, and
 // exits 102 when the Client left a file descriptor open.
-inline std::vector<pid_t> spawn(std::uint32_t size, const Config& config, const std::vector<Script>& scripts) {
+inline std::vector<pid_t> spawn(std::uint32_t size, const Config& given, const std::vector<Script>& scripts) {
   const std::string address = "127.0.0.1:" + std::to_string(test::free_port());
+  Config config = given;  // every job its own key, as a launcher gives it
+  if (config.origin("AMI_JOB_KEY") == "default") REQUIRE(config.set("AMI_JOB_KEY", make_job_key()).ok());
   std::vector<pid_t> pids;
   for (std::uint32_t r = 0; r < size; ++r) {
     const pid_t pid = fork();

@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <functional>
 #include <future>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,8 +42,11 @@ namespace {
 // The wire format, written out independently of the implementation so that
 // a change to it shows here.
 constexpr std::uint32_t kMagic = 0x42494d41;
-constexpr std::uint32_t kVersion = 1;
-enum Verdict : std::uint32_t { accepted, bad_magic, bad_version, size_mismatch, rank_out_of_range, duplicate_rank };
+constexpr std::uint32_t kVersion = 2;
+enum Verdict : std::uint32_t {
+  accepted, bad_magic, bad_version, size_mismatch, rank_out_of_range, duplicate_rank, wrong_key
+};
+const std::string kKey = "test job key";
 
 std::uint16_t free_port() {
   asio::io_context io;
@@ -52,8 +56,27 @@ std::uint16_t free_port() {
 
 Options options(std::uint32_t rank, std::uint32_t size, std::uint16_t port,
                 std::chrono::milliseconds timeout = 5000ms) {
-  return {.rank = rank, .size = size, .host = "127.0.0.1", .port = port, .timeout = timeout};
+  return {.rank = rank, .size = size, .host = "127.0.0.1", .port = port, .timeout = timeout, .key = kKey,
+          .log = [](const std::string&) {}};
 }
+
+// Rank 0's log lines, gathered from whichever thread runs it.
+struct Log {
+  std::mutex mutex;
+  std::vector<std::string> lines;
+  std::function<void(const std::string&)> sink() {
+    return [this](const std::string& line) {
+      std::lock_guard lock(mutex);
+      lines.push_back(line);
+    };
+  }
+  std::string all() {
+    std::lock_guard lock(mutex);
+    std::string text;
+    for (const auto& l : lines) text += l + "\n";
+    return text;
+  }
+};
 
 std::size_t open_fds() {
   std::size_t n = 0;
@@ -181,8 +204,10 @@ struct FakePeer {
     }
     REQUIRE_FALSE(ec);
   }
-  void hello(std::uint32_t rank, std::uint32_t size, std::uint32_t magic = kMagic, std::uint32_t version = kVersion) {
-    put_words(socket, {magic, version, rank, size});
+  void hello(std::uint32_t rank, std::uint32_t size, std::uint32_t magic = kMagic, std::uint32_t version = kVersion,
+             const std::string& key = kKey) {
+    put_words(socket, {magic, version, rank, size, static_cast<std::uint32_t>(key.size())});
+    asio::write(socket, asio::buffer(key));
   }
   std::uint32_t verdict() {
     const auto answer = get_words(socket, 4);
@@ -200,7 +225,7 @@ struct FakePeer {
 std::string refused(std::uint32_t rank, std::uint32_t size, std::uint32_t magic, std::uint32_t version,
                     std::uint32_t expected_verdict, std::string& fake_address) {
   const std::uint16_t port = free_port();
-  auto root = in_thread([&] { TcpBootstrap boot(options(0, 2, port)); });
+  auto root = in_thread([&] { TcpBootstrap boot(options(0, 2, port, 500ms)); });
   FakePeer fake(port);
   fake_address = fake.address();
   fake.hello(rank, size, magic, version);
@@ -302,7 +327,7 @@ TEST_CASE("a rank 0 that never appears times out, naming its address") {
 TEST_CASE("rank 0 on port 0 reports the port it chose") {
   std::uint16_t reported = 0;
   auto root = in_thread([&] {
-    TcpBootstrap boot({.rank = 0, .size = 2, .host = "127.0.0.1", .port = 0, .timeout = 5000ms});
+    TcpBootstrap boot({.rank = 0, .size = 2, .host = "127.0.0.1", .port = 0, .timeout = 5000ms, .key = kKey});
     reported = boot.port();
     boot.barrier();
   });
@@ -317,14 +342,18 @@ TEST_CASE("rank 0 on port 0 reports the port it chose") {
 }
 
 TEST_CASE("rank 0 refuses a bad hello, naming the problem and the peer") {
+  // A stranger (not ami, another version) is refused and waited past: the
+  // timeout names it.
   std::string peer;
   std::string error = refused(1, 2, 0xdeadbeef, kVersion, bad_magic, peer);
-  CHECK(contains(error, "bad magic 0xdeadbeef"));
-  CHECK(contains(error, "peer " + peer));
+  CHECK(contains(error, "timed out after 500 ms"));
+  CHECK(contains(error, "refused peer " + peer + ": bad magic 0xdeadbeef"));
 
   error = refused(1, 2, kMagic, 9, bad_version, peer);
-  CHECK(contains(error, "bad version 9"));
-  CHECK(contains(error, "peer " + peer));
+  CHECK(contains(error, "refused peer " + peer + ": bad version 9"));
+
+  // A member of the job (it has the key) that disagrees about the job
+  // fails it at once.
 
   error = refused(1, 7, kMagic, kVersion, size_mismatch, peer);
   CHECK(contains(error, "size mismatch"));
@@ -350,6 +379,56 @@ TEST_CASE("a duplicate rank is refused, naming both peers") {
   const std::string error = root.get();
   CHECK(contains(error, "duplicate rank: the peer claims rank 1, already taken by rank 1 at " + first.address()));
   CHECK(contains(error, "(peer " + second.address()));
+}
+
+TEST_CASE("only peers presenting the job's key join; others are refused with a log line") {
+  const std::uint16_t port = free_port();
+  Log log;
+  std::vector<Blob> table;
+  auto root = in_thread([&] {
+    Options o = options(0, 2, port);
+    o.log = log.sink();
+    TcpBootstrap boot(o);
+    table = boot.allgather(std::as_bytes(std::span("zero", 4)));
+  });
+  std::string stranger, keyless, hangup;
+  {
+    FakePeer wrong(port);
+    stranger = wrong.address();
+    wrong.hello(1, 2, kMagic, kVersion, "another job's key");
+    CHECK(wrong.verdict() == wrong_key);
+  }
+  {
+    FakePeer none(port);
+    keyless = none.address();
+    none.hello(1, 2, kMagic, kVersion, "");
+    CHECK(none.verdict() == wrong_key);
+  }
+  {
+    FakePeer scanner(port);  // connects and hangs up
+    hangup = scanner.address();
+  }
+  // A real rank with another key is told why.
+  Options other = options(1, 2, port);
+  other.key = "not " + kKey;
+  CHECK(contains(error_of([&] { TcpBootstrap boot(other); }), "refused by rank 0: wrong job key"));
+  // The job itself goes on.
+  std::vector<Blob> mine;
+  CHECK(error_of([&] {
+          TcpBootstrap boot(options(1, 2, port));
+          mine = boot.allgather(std::as_bytes(std::span("one!", 4)));
+        }) == "");
+  CHECK(root.get() == "");
+  REQUIRE(table.size() == 2);
+  CHECK(table == mine);
+  const std::string lines = log.all();
+  CHECK(contains(lines, "bootstrap: rank 0: refused peer " + stranger + ": wrong job key"));
+  CHECK(contains(lines, "refused peer " + keyless + ": wrong job key"));
+  CHECK(contains(lines, "refused peer " + hangup + ": closed the connection before its hello"));
+  // An oversize key is refused before anything is sent.
+  Options huge = options(1, 2, port);
+  huge.key.assign(ami::bootstrap::kMaxKeyBytes + 1, 'k');
+  CHECK(contains(error_of([&] { TcpBootstrap boot(huge); }), "more than the 256 allowed (AMI_JOB_KEY)"));
 }
 
 TEST_CASE("a real rank refused by rank 0 says why") {
@@ -429,7 +508,10 @@ TEST_CASE("a rank names rank 0 behind a bad table, a silence or a hang-up") {
     (void)boot.allgather(pattern(5, 1));
   });
   tcp::socket s = acceptor.accept();
-  CHECK(get_words(s, 4) == std::vector<std::uint32_t>{kMagic, kVersion, 1, 2});
+  CHECK(get_words(s, 5) == std::vector<std::uint32_t>{kMagic, kVersion, 1, 2, std::uint32_t(kKey.size())});
+  std::string key(kKey.size(), '\0');
+  asio::read(s, asio::buffer(key));
+  CHECK(key == kKey);
   put_words(s, {kMagic, kVersion, accepted, 2});
   CHECK(get_words(s, 1)[0] == 5);
   std::array<std::byte, 5> blob;

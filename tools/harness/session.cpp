@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -632,6 +633,9 @@ void pin_to(unsigned index) {
 // --local: the server is a child process on loopback, each side on its own core.
 int run_local(const Options& o) {
   const std::string address = "127.0.0.1:" + std::to_string(o.port);
+  // Both sides are ours: unless the user gave one, a fresh key keeps any
+  // other process off the bootstrap port.
+  if (std::getenv("AMI_JOB_KEY") == nullptr) ::setenv("AMI_JOB_KEY", make_job_key().c_str(), 1);
   const pid_t child = fork();
   if (child < 0) throw Error("fork", errno);
   if (child == 0) {

@@ -27,14 +27,14 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr std::uint32_t kMagic = 0x42494d41;  // "AMIB" on the wire
-constexpr std::uint32_t kVersion = 1;
+constexpr std::uint32_t kVersion = 2;  // 2: the hello carries the job's key
 constexpr auto kRetryInterval = std::chrono::milliseconds(50);
 constexpr std::size_t kMaxListed = 8;  // peers named in one message before "and N more"
 
 // Rank 0's answer to a hello: accepted, or why not. It travels back so that
 // a refused rank's error says what rank 0 objected to.
 enum class Verdict : std::uint32_t {
-  accepted = 0, bad_magic, bad_version, size_mismatch, rank_out_of_range, duplicate_rank,
+  accepted = 0, bad_magic, bad_version, size_mismatch, rank_out_of_range, duplicate_rank, wrong_key,
 };
 
 std::string to_text(Verdict v) {
@@ -45,6 +45,7 @@ std::string to_text(Verdict v) {
     case Verdict::size_mismatch: return "size mismatch";
     case Verdict::rank_out_of_range: return "rank out of range";
     case Verdict::duplicate_rank: return "duplicate rank";
+    case Verdict::wrong_key: return "wrong job key (AMI_JOB_KEY differs)";
   }
   return "unknown verdict " + std::to_string(static_cast<std::uint32_t>(v));
 }
@@ -97,6 +98,15 @@ std::string list(const std::vector<std::string>& items) {
   return text.empty() ? "none" : text;
 }
 
+// Compares the whole of both keys whatever the first difference, so the time
+// taken says nothing about how much of a guess was right.
+bool same_key(std::span<const std::byte> a, std::string_view b) {
+  unsigned difference = a.size() == b.size() ? 0 : 1;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    difference |= std::to_integer<unsigned>(a[i]) ^ static_cast<unsigned char>(i < b.size() ? b[i] : 0);
+  return difference == 0;
+}
+
 bool is_closed(const error_code& ec) {
   return ec == asio::error::eof || ec == asio::error::connection_reset || ec == asio::error::broken_pipe;
 }
@@ -110,6 +120,8 @@ struct TcpBootstrap::Impl {
     tcp::socket socket;
     std::string address;  // empty until accepted
     HelloFrame frame{};
+    Word key_length{};
+    Blob key;
     bool checked = false;
   };
 
@@ -126,6 +138,7 @@ struct TcpBootstrap::Impl {
   std::vector<std::string> names;                // "rank r at address", indexed as peers
   std::vector<std::unique_ptr<Joiner>> joiners;  // rank 0, while constructing
   std::uint32_t answered = 0;                    // rank 0: hellos accepted and answered
+  std::vector<std::string> refusals;             // rank 0: "peer A: why", for a timeout's message
   std::optional<std::string> failure;            // the first error of the running operations
   bool broken = false;                           // a failure closed every socket
 
@@ -143,6 +156,8 @@ struct TcpBootstrap::Impl {
   tcp::endpoint bind_endpoint();
   void accept_next();
   void on_hello(Joiner& j);
+  void read_key(Joiner& j);
+  void refuse(Joiner& j, Verdict verdict, const std::string& problem);
   Verdict check(const Hello& h, std::string& problem) const;
   std::string joins_missing() const;
   std::vector<Blob> gather(std::span<const std::byte> mine, Clock::time_point deadline);
@@ -265,9 +280,57 @@ void TcpBootstrap::Impl::accept_next() {
     j.address = endpoint_text(j.socket.remote_endpoint(ignored));
     j.socket.set_option(tcp::no_delay(true), ignored);
     asio::async_read(j.socket, asio::buffer(j.frame), [this, &j](const error_code& e, std::size_t) {
-      if (completed(e, "peer " + j.address, "reading its hello")) on_hello(j);
+      if (!e) return read_key(j);
+      // A stranger that hangs up before its hello is no member of the job.
+      if (is_closed(e)) return refuse(j, Verdict::bad_magic, "closed the connection before its hello");
+      completed(e, "peer " + j.address, "reading its hello");
     });
     accept_next();
+  });
+}
+
+// Before the key is checked a connection is a stranger: one that is not an
+// ami peer of this version with this job's key is refused and logged, and
+// the job goes on waiting for its ranks.
+void TcpBootstrap::Impl::read_key(Joiner& j) {
+  const Hello hello = decode(j.frame);
+  if (hello.magic != kMagic)
+    return refuse(j, Verdict::bad_magic,
+                  "bad magic " + hex(hello.magic) + " in the hello, expected " + hex(kMagic) +
+                      " (not an ami bootstrap peer)");
+  if (hello.version != kVersion)
+    return refuse(j, Verdict::bad_version,
+                  "bad version " + std::to_string(hello.version) + " in the hello, rank 0 speaks version " +
+                      std::to_string(kVersion));
+  asio::async_read(j.socket, asio::buffer(j.key_length), [this, &j](const error_code& e, std::size_t) {
+    if (e) return refuse(j, Verdict::wrong_key, "no job key after its hello (" + e.message() + ")");
+    const std::uint32_t length = get_u32(j.key_length.data());
+    if (length > kMaxKeyBytes)
+      return refuse(j, Verdict::wrong_key,
+                    "a job key of " + std::to_string(length) + " bytes exceeds the limit of " +
+                        std::to_string(kMaxKeyBytes));
+    j.key.resize(length);
+    asio::async_read(j.socket, asio::buffer(j.key), [this, &j](const error_code& e2, std::size_t) {
+      if (e2) return refuse(j, Verdict::wrong_key, "no job key after its hello (" + e2.message() + ")");
+      if (!same_key(j.key, options.key))
+        return refuse(j, Verdict::wrong_key, "wrong job key: it does not present this job's AMI_JOB_KEY");
+      on_hello(j);
+    });
+  });
+}
+
+// Answers a stranger with the verdict (if it still listens), logs it, closes
+// it. Nothing fails: the ranks rank 0 waits for may still come.
+void TcpBootstrap::Impl::refuse(Joiner& j, Verdict verdict, const std::string& problem) {
+  j.checked = true;
+  const std::string line = prefix() + "refused peer " + j.address + ": " + problem;
+  refusals.push_back("peer " + j.address + ": " + problem);
+  if (options.log) options.log(line);
+  else std::fprintf(stderr, "ami: %s\n", line.c_str());
+  j.frame = encode({kMagic, kVersion, static_cast<std::uint32_t>(verdict), options.size});
+  asio::async_write(j.socket, asio::buffer(j.frame), [&j](const error_code&, std::size_t) {
+    error_code ignored;
+    j.socket.close(ignored);
   });
 }
 
@@ -278,7 +341,9 @@ void TcpBootstrap::Impl::on_hello(Joiner& j) {
   const Verdict verdict = check(hello, problem);
   j.frame = encode({kMagic, kVersion, static_cast<std::uint32_t>(verdict), options.size});
   if (verdict != Verdict::accepted) {
-    // Tell the peer before failing, then fail whether or not that worked.
+    // A member of the job (it has the key) that disagrees about the job:
+    // the job is misconfigured. Tell the peer before failing, then fail
+    // whether or not that worked.
     asio::async_write(j.socket, asio::buffer(j.frame), [this, &j, problem](const error_code&, std::size_t) {
       fail(problem, "peer " + j.address, "checking its hello");
     });
@@ -295,15 +360,6 @@ void TcpBootstrap::Impl::on_hello(Joiner& j) {
 Verdict TcpBootstrap::Impl::check(const Hello& h, std::string& problem) const {
   const std::string size = std::to_string(options.size);
   const std::string rank = std::to_string(h.word);
-  if (h.magic != kMagic) {
-    problem = "bad magic " + hex(h.magic) + " in the hello, expected " + hex(kMagic) + " (not an ami bootstrap peer)";
-    return Verdict::bad_magic;
-  }
-  if (h.version != kVersion) {
-    problem = "bad version " + std::to_string(h.version) + " in the hello, rank 0 speaks version " +
-              std::to_string(kVersion);
-    return Verdict::bad_version;
-  }
   if (h.size != options.size) {
     problem = "size mismatch: the peer, as rank " + rank + ", says the job has " + std::to_string(h.size) +
               " ranks, rank 0 says " + size;
@@ -329,6 +385,7 @@ std::string TcpBootstrap::Impl::joins_missing() const {
     if (!j->address.empty() && !j->checked) silent.push_back(j->address);
   std::string text = "listening on " + where + ", waiting for rank(s) " + list(ranks) + " to join";
   if (!silent.empty()) text += "; no hello from peer(s) " + list(silent);
+  if (!refusals.empty()) text += "; refused " + list(refusals);
   return text;
 }
 
@@ -420,7 +477,11 @@ void TcpBootstrap::Impl::connect(Clock::time_point deadline) {
 
 void TcpBootstrap::Impl::greet(Clock::time_point deadline) {
   HelloFrame frame = encode({kMagic, kVersion, options.rank, options.size});
-  wait_one(deadline, "sending its hello", [&](auto done) { asio::async_write(peers[0], asio::buffer(frame), done); });
+  Word key_length;
+  put_u32(key_length.data(), static_cast<std::uint32_t>(options.key.size()));
+  const std::array<asio::const_buffer, 3> hello{asio::buffer(frame), asio::buffer(key_length),
+                                                asio::buffer(options.key)};
+  wait_one(deadline, "sending its hello", [&](auto done) { asio::async_write(peers[0], hello, done); });
   const std::string step = "waiting for the answer to its hello";
   read_exact(asio::buffer(frame), deadline, step);
   const Hello answer = decode(frame);
@@ -484,6 +545,9 @@ std::vector<Blob> TcpBootstrap::Impl::exchange(std::span<const std::byte> mine, 
 TcpBootstrap::TcpBootstrap(const Options& options) : impl_(std::make_unique<Impl>(options)) {
   Impl& m = *impl_;
   if (options.size == 0) throw Error("bootstrap: the job size must be at least 1");
+  if (options.key.size() > kMaxKeyBytes)
+    throw Error(m.prefix() + "the job key has " + std::to_string(options.key.size()) + " bytes, more than the " +
+                std::to_string(kMaxKeyBytes) + " allowed (AMI_JOB_KEY)");
   if (options.rank >= options.size)
     throw Error(m.prefix() + "the rank is not below the job size " + std::to_string(options.size));
   if (options.size == 1) return;

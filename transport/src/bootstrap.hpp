@@ -11,8 +11,15 @@
 // ami::Error naming the peer (rank and/or address) and the problem. This is
 // the setup path only: nothing here is meant to be fast.
 //
+// Only peers presenting the job's key (Options::key, AMI_JOB_KEY) join: rank
+// 0 refuses any other connection — another program, another job, a peer of
+// another version — with a log line, and goes on waiting for its ranks; if
+// it then times out, its error names the peers it refused and why. The key
+// is a shared secret compared in constant time, sent as is: it keeps jobs and
+// strays apart, it does not hide from someone who can read the network.
+//
 // Wire format, all integers little-endian u32:
-//   hello   rank -> 0   magic, version, rank, size
+//   hello   rank -> 0   magic, version, rank, size, then key length, key
 //   answer  0 -> rank   magic, version, verdict (0 = accepted), size
 //   blob    rank -> 0   length, bytes
 //   table   0 -> rank   count, then count x (length, bytes)
@@ -21,6 +28,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -35,7 +43,12 @@ struct Options {
   std::string host;        // rank 0 binds here ("" or "0.0.0.0" = any), others connect here
   std::uint16_t port = 0;  // rank 0 may pass 0 and learn the chosen port from TcpBootstrap::port()
   std::chrono::milliseconds timeout{30000};  // for connecting (others retry until it), and for each exchange
+  std::string key;  // the job's key (at most kMaxKeyBytes); every rank gives the same
+  // Rank 0's log of refused connections; by default a line on stderr.
+  std::function<void(const std::string&)> log;
 };
+
+inline constexpr std::size_t kMaxKeyBytes = 256;
 
 using Blob = std::vector<std::byte>;
 inline constexpr std::size_t kMaxBlobBytes = 64 * 1024;

@@ -3,9 +3,12 @@
 #include "ami/client.hpp"
 
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <cerrno>
 #include <bit>
 #include <cstdio>
 #include <mutex>
@@ -256,6 +259,23 @@ std::unique_ptr<detail::RegistrationCache> Client::Impl::make_cache() {
 }
 
 Client::~Client() = default;
+
+std::string make_job_key() {
+  std::array<unsigned char, 16> bytes{};
+  std::size_t have = 0;
+  while (have < bytes.size()) {
+    const ssize_t n = ::getrandom(bytes.data() + have, bytes.size() - have, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw Error("make_job_key: getrandom", errno);
+    }
+    have += static_cast<std::size_t>(n);
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string key;
+  for (unsigned char b : bytes) key += {kHex[b >> 4], kHex[b & 15]};
+  return key;
+}
 
 const std::string& Client::name() const { return impl_->name; }
 std::uint32_t Client::task() const { return impl_->task; }

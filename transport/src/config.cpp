@@ -37,6 +37,11 @@ constexpr ParamSpec kTable[] = {
     {"AMI_BOOTSTRAP_TIMEOUT", "30000", ParamType::unsigned_int, 1, 3600000,
      "Milliseconds to wait for the bootstrap: connecting to rank 0 and each exchange (PMIx: each "
      "fence and get, in whole seconds)."},
+    {"AMI_JOB_KEY", "", ParamType::text, 0, 0,
+     "Shared secret every rank of a TCP-bootstrapped job presents to rank 0, which refuses (and logs) "
+     "connections without it. Set the same value on every rank; ami's tools set a random one for the "
+     "processes they start. At most 256 bytes.",
+     false, {}, true},
     {"AMI_BOOTSTRAP_MODE", "auto", ParamType::choice, 0, 0,
      "How the job's tasks find each other: pmix (rank, size and the address exchange from the PMIx "
      "launcher that started the process: mpirun, prterun, srun --mpi=pmix; an error without one), "

@@ -21,6 +21,7 @@ Options tcp_options(const JobOptions& job, const Config& config, std::chrono::mi
   b.rank = job.rank.value_or(u32(config, "AMI_RANK"));
   b.size = job.size.value_or(u32(config, "AMI_SIZE"));
   b.timeout = timeout;
+  b.key = config.text("AMI_JOB_KEY");
   if (b.size == 0) throw Error("Client: the job size must be at least 1");
   if (b.rank >= b.size)
     throw Error("Client: rank " + std::to_string(b.rank) + " is not below the job size " + std::to_string(b.size));

@@ -36,6 +36,11 @@ struct JobOptions {
   std::string bootstrap;  // "host:port": rank 0 listens there, the others connect
 };
 
+// A fresh random job key (32 hex digits from the kernel's random source),
+// for a launcher that starts the ranks of a TCP-bootstrapped job: give it to
+// every rank as AMI_JOB_KEY.
+std::string make_job_key();
+
 struct ClientOptions {
   std::string name = "ami";
   std::uint16_t contexts = 1;

@@ -30,6 +30,7 @@ struct ParamSpec {
   std::string_view doc;
   bool allows_auto = false;  // "auto" is a value too: the backend decides (number_or_auto)
   std::string_view choices = {};  // choice: the allowed words, '|'-separated
+  bool secret = false;            // its value is never printed
 };
 
 // The table.
