@@ -46,7 +46,7 @@ void GeometryImpl::barrier_arrival(const Header& h, std::uint32_t origin) {
 // round has been heard.
 void GeometryImpl::barrier_progress() {
   BarrierState& b = barrier_;
-  while (b.sent < b.rounds && (b.sent == 0 || ((b.current >> (b.sent - 1)) & 1) != 0)) {
+  while (b.result.ok() && b.sent < b.rounds && (b.sent == 0 || ((b.current >> (b.sent - 1)) & 1) != 0)) {
     if (!send(b, b.to[b.sent], static_cast<std::uint16_t>(b.sent), {}, 0)) break;
     ++b.sent;
   }

@@ -37,9 +37,11 @@ Engine::Engine(Context& context, std::uint16_t dispatch)
     throw Error("Collectives: " + to_string(s));
   geometries_.push_back(std::unique_ptr<Geometry>(
       new Geometry(std::make_unique<GeometryImpl>(*this, 0, every_task(job_size), job_size))));
+  context.watch_peer_failures({&Engine::on_peer_failed, this});
 }
 
 Engine::~Engine() {
+  context.unwatch_peer_failures({&Engine::on_peer_failed, this});
   (void)context.set_dispatch(dispatch, {});
   for (auto& g : geometries_) g->impl_->discard_early();
   for (Arrival* a = orphans_.head; a != nullptr;) {
@@ -198,6 +200,14 @@ void Engine::finish(Operation& op) {
   const Status result = op.result;
   op.done = {};
   if (done) done(result);
+}
+
+// A task failed (its endpoint on this context is the one collectives use):
+// every geometry it is a member of fails.
+void Engine::on_peer_failed(void* cookie, Endpoint peer, Status why) {
+  auto& e = *static_cast<Engine*>(cookie);
+  if (peer.context != e.context.index() || peer.task >= e.job_size) return;
+  for (auto& g : e.geometries_) g->impl_->member_failed(peer.task, why);
 }
 
 void Engine::run_done(void* cookie, Status) {

@@ -183,6 +183,9 @@ class GeometryImpl {
   void on_received(Operation& op, std::uint32_t index, Status s);
   // A record op took while it was receiving is ready.
   void on_kept_ready(Arrival& a);
+  // A member failed: every collective in flight here ends with why once
+  // what it has in flight is over, and later calls return it at once.
+  void member_failed(std::uint32_t task, Status why);
 
  private:
   Operation& operation(Kind kind);
@@ -259,6 +262,7 @@ class GeometryImpl {
   void allgather_kept(Arrival& a);
   void allgather_progress();
 
+  Status failure_;     // not ok once a member failed: no collective can complete
   ArrivalList early_;  // arrivals for operations not called yet
   BarrierState barrier_;
   BroadcastState broadcast_;
@@ -319,6 +323,7 @@ class Engine {
   static void on_received(void* tag, Status s);
   static void on_kept(void* arrival, Status s);
   static void run_done(void* op, Status s);
+  static void on_peer_failed(void* engine, Endpoint peer, Status why);
   GeometryImpl* find(std::uint32_t id);
 
   std::vector<std::unique_ptr<Geometry>> geometries_;  // the world first

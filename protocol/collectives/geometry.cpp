@@ -55,6 +55,9 @@ GeometryImpl::GeometryImpl(Engine& engine, std::uint32_t id, std::vector<std::ui
   allreduce_.busy.reserve(size);
   allgather_.arrived.reserve(size);
   allgather_.kept.reserve(size);
+  for (std::uint32_t t : this->tasks)  // a member that failed before the geometry was made here
+    if (Status s = engine.context.peer_status({t, engine.context.index()}); s == StatusCode::peer_failed)
+      member_failed(t, s);
 }
 
 Operation& GeometryImpl::operation(Kind kind) {
@@ -69,6 +72,7 @@ Operation& GeometryImpl::operation(Kind kind) {
 }
 
 Status GeometryImpl::begin(Operation& op, Callback done, const char* busy) {
+  if (!failure_.ok()) return failure_;
   if (op.active || op.done_posted) return {StatusCode::no_resource, busy};
   op.active = true;
   op.done = done;
@@ -192,6 +196,26 @@ void GeometryImpl::on_received(Operation& op, std::uint32_t index, Status s) {
     case Kind::allreduce: allreduce_received(index, s); break;
     case Kind::allgather: allgather_received(index, s); break;
     case Kind::barrier: break;
+  }
+}
+
+void GeometryImpl::member_failed(std::uint32_t task, Status why) {
+  if (task >= rank_of.size() || rank_of[task] == kNotMember || !failure_.ok()) return;
+  failure_ = {StatusCode::peer_failed, "collective: a task of the geometry failed"};
+  // Each kind's check ends a failed operation once nothing of it is in
+  // flight (what was in flight to or from the dead task has failed already).
+  for (Operation* op : {static_cast<Operation*>(&barrier_), static_cast<Operation*>(&broadcast_),
+                        static_cast<Operation*>(&reduce_), static_cast<Operation*>(&allreduce_),
+                        static_cast<Operation*>(&allgather_)}) {
+    if (!op->active) continue;
+    op->fail(why.ok() ? failure_ : why);
+    switch (op->kind) {
+      case Kind::barrier: barrier_progress(); break;
+      case Kind::broadcast: broadcast_check(); break;
+      case Kind::reduce: reduce_check(); break;
+      case Kind::allreduce: allreduce_check(); break;
+      case Kind::allgather: allgather_progress(); break;
+    }
   }
 }
 

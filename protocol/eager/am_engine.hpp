@@ -80,6 +80,9 @@ class AmEngine final : public device::PacketSink {
   Status post(Callback work);
   void set_fence_handler(FenceHandler handler) { fence_handler_ = handler; }
   void set_error_handler(PeerErrorHandler handler) { error_handler_ = handler; }
+  void watch_peer_failures(PeerErrorHandler watcher);
+  void unwatch_peer_failures(PeerErrorHandler watcher);
+  Status peer_status(Endpoint dest) const;
   // peer_failed (naming the call) when dest's peer has failed, else ok.
   Status check_alive(Endpoint dest, const char* failed) const;
   // local/local_key: the checked local range of p.local.
@@ -263,6 +266,7 @@ class AmEngine final : public device::PacketSink {
   std::vector<Callback> running_;      // the posted work advance() is running (more may be posted meanwhile)
   FenceHandler fence_handler_{};
   PeerErrorHandler error_handler_{};
+  std::vector<PeerErrorHandler> watchers_;  // layers above, told before the error handler
   std::vector<Peer*> reached_;         // peers with a lane, for keepalives
   static constexpr std::size_t kKeepaliveBatch = 128;  // peers probed per round at most
   std::size_t keepalive_cursor_ = 0;

@@ -88,7 +88,24 @@ void AmEngine::fail_peer(Peer& peer, Status why) {
     if (!in->waiting) check_inbound(*in);
   }
   peer.rx = Reassembly{};
+  // (A copy: a watcher may stop watching from inside its call.)
+  const std::vector<PeerErrorHandler> watchers = watchers_;
+  for (const PeerErrorHandler& w : watchers) w.fn(w.cookie, peer.endpoint, why);
   if (error_handler_.fn != nullptr) error_handler_.fn(error_handler_.cookie, peer.endpoint, why);
+}
+
+void AmEngine::watch_peer_failures(PeerErrorHandler watcher) {
+  if (watcher.fn != nullptr) watchers_.push_back(watcher);
+}
+
+void AmEngine::unwatch_peer_failures(PeerErrorHandler watcher) {
+  std::erase_if(watchers_, [&](const PeerErrorHandler& w) { return w.fn == watcher.fn && w.cookie == watcher.cookie; });
+}
+
+Status AmEngine::peer_status(Endpoint dest) const {
+  if (dest.task >= shape_.tasks || dest.context >= shape_.contexts)
+    return {StatusCode::invalid_argument, "peer_status: endpoint out of range"};
+  return peers_[std::size_t{dest.task} * shape_.contexts + dest.context].failure;
 }
 
 void AmEngine::keepalive() {

@@ -778,3 +778,75 @@ int stale(Client& client) {
 TEST_CASE("a message of an older sequence is an error: counted and dropped") {
   check_job(2, stale, 30);
 }
+
+namespace {
+
+// A job of three whose rank 2 is killed after one barrier. Ranks 0 and 1
+// are then in a 1 MiB allreduce and a barrier on the world, which cannot
+// complete: both end with peer_failed, later calls on the world are
+// refused at once, and a geometry of ranks 0 and 1 goes on.
+int dying_member(Client& client) {
+  Context& c = client.context(0);
+  Collectives coll(c, kDispatch);
+  Geometry& w = coll.world();
+  const std::uint32_t me = w.rank();
+  int errors = 0;
+  c.set_error_handler({+[](void* p, Endpoint peer, Status) {
+    if (peer.task == 2) ++*static_cast<int*>(p);
+  }, &errors});
+  Geometry* pair = nullptr;
+  if (me < 2) {
+    const std::uint32_t tasks[] = {0, 1};
+    if (!coll.create_geometry(5, tasks, pair).ok()) return 1;
+  }
+  Done first;
+  if (!run(c, w.barrier(first.callback()), first, "barrier")) return 2;
+  if (me == 2) {
+    // What it sent for the barrier leaves first; then it dies.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+    while (std::chrono::steady_clock::now() < until) (void)c.advance();
+    ::raise(SIGKILL);
+  }
+  constexpr std::size_t kCount = (std::size_t{1} << 20) / 8;
+  const std::vector<std::byte> send = inputs(DataType::int64, ReduceOp::sum, me, kCount);
+  std::vector<std::byte> recv(send.size());
+  Done reduced, met;
+  if (!w.allreduce(send.data(), recv.data(), kCount, DataType::int64, ReduceOp::sum, reduced.callback()).ok())
+    return 3;
+  if (!w.barrier(met.callback()).ok()) return 4;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!(reduced.fired && met.fired)) {
+    if (std::chrono::steady_clock::now() > end) return report(me, "the world's collectives never ended", 5);
+    if (c.advance() == 0) sched_yield();
+  }
+  if (reduced.status != StatusCode::peer_failed) return report(me, "allreduce: " + to_string(reduced.status), 6);
+  if (met.status != StatusCode::peer_failed) return report(me, "barrier: " + to_string(met.status), 7);
+  if (errors != 1) return 8;
+  std::uint64_t word = 0;
+  Done never;
+  if (w.broadcast(0, &word, sizeof word, never.callback()) != StatusCode::peer_failed) return 9;
+  if (w.barrier(never.callback()) != StatusCode::peer_failed) return 10;
+  // The pair is untouched.
+  const std::vector<std::byte> mine = inputs(DataType::int64, ReduceOp::sum, me, kCount);
+  std::vector<std::byte> sum(mine.size());
+  Done pair_sum;
+  if (!run(c, pair->allreduce(mine.data(), sum.data(), kCount, DataType::int64, ReduceOp::sum, pair_sum.callback()),
+           pair_sum, "allreduce on the pair"))
+    return 11;
+  if (first_wrong(DataType::int64, ReduceOp::sum, 2, sum.data(), kCount) >= 0) return 12;
+  if (!farewell(c, *pair)) return 13;
+  for (int i = 0; i < 20; ++i) (void)c.advance();
+  return never.fired ? 14 : 0;
+}
+
+}  // namespace
+
+TEST_CASE("a member dies: the world's collectives in flight fail, later ones are refused, a geometry without it goes on") {
+  Config config = job_config();
+  REQUIRE(config.set("AMI_KEEPALIVE_INTERVAL", "200").ok());
+  const std::vector<int> codes = run_job(3, config, all(3, dying_member), std::chrono::seconds(90));
+  std::string text;
+  for (int code : codes) text += std::to_string(code) + " ";
+  const std::vector<int> expected{0, 0, -SIGKILL};
+  CHECK_MESSAGE(codes == expected, "exit codes: " << text);
+}

@@ -40,6 +40,9 @@ void Context::set_fence_handler(FenceHandler handler) { impl_->engine.set_fence_
 Status Context::post(Callback work) { return impl_->engine.post(work); }
 
 void Context::set_error_handler(PeerErrorHandler handler) { impl_->engine.set_error_handler(handler); }
+void Context::watch_peer_failures(PeerErrorHandler watcher) { impl_->engine.watch_peer_failures(watcher); }
+void Context::unwatch_peer_failures(PeerErrorHandler watcher) { impl_->engine.unwatch_peer_failures(watcher); }
+Status Context::peer_status(Endpoint dest) const { return impl_->engine.peer_status(dest); }
 
 std::size_t Context::immediate_limit(Endpoint dest) { return impl_->engine.immediate_limit(dest); }
 

@@ -82,6 +82,13 @@ class Context {
   // Every operation to it that was pending has by then completed with an
   // error; later ones return peer_failed. Other peers are not affected.
   void set_error_handler(PeerErrorHandler handler);
+  // For a layer built on this context (ami::Collectives is one): called
+  // like the error handler, and before it, for every peer that fails.
+  // Removed by the same fn and cookie; several may watch.
+  void watch_peer_failures(PeerErrorHandler watcher);
+  void unwatch_peer_failures(PeerErrorHandler watcher);
+  // peer_failed (naming why) when dest has failed, else ok.
+  Status peer_status(Endpoint dest) const;
 
   // Runs work (with ok) inside a later advance() of this context, in the
   // order posted: for what must happen on the advancing thread but not
