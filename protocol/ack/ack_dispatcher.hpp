@@ -61,6 +61,7 @@ class AckDispatcher {
       waiting_.push_back(peer);
     }
     o.active.push_back(Entry{seq, flags});
+    ++unacked_;
     if (threshold_ == 0 || o.active.size() >= window_) flush(peer, emit);
   }
 
@@ -95,12 +96,9 @@ class AckDispatcher {
   // Idle advances that make a lull now: the threshold, or twice the usual
   // gap between arrivals of a stream when that is longer (see learn()).
   unsigned lull() const { return lull_; }
-  // Messages done and not yet acknowledged, over every origin.
-  std::size_t unacked() const {
-    std::size_t n = 0;
-    for (std::uint32_t p : waiting_) n += origins_[p].active.size();
-    return n;
-  }
+  // Messages done and not yet acknowledged, over every origin (asked at
+  // every advance: kept as a count).
+  std::size_t unacked() const { return unacked_; }
   std::size_t unacked(std::uint32_t peer) const { return origins_[peer].active.size(); }
   const PeerStats& stats(std::uint32_t peer) const { return origins_[peer].stats; }
 
@@ -136,6 +134,7 @@ class AckDispatcher {
     emit(peer, r);
     ++o.stats.acks_sent;
     o.stats.messages_acked += a.size();
+    unacked_ -= a.size();
     a.clear();
   }
 
@@ -163,6 +162,7 @@ class AckDispatcher {
   unsigned window_;
   std::vector<Origin> origins_;
   std::vector<std::uint32_t> waiting_;  // origins with entries since the last flush_all
+  std::size_t unacked_ = 0;             // entries in every origin's active queue
   std::uint64_t last_seen_ = 0;
   unsigned idle_ = 0;
   unsigned lull_ = threshold_;
