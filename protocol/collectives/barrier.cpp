@@ -8,6 +8,14 @@
 // entered it), so these two hold every early arrival; a message for an
 // older barrier is stale, and one beyond the next or a round heard twice is
 // malformed: both are counted and dropped.
+//
+// A member that fails: a barrier still waiting for a round from it fails,
+// and sends all its remaining rounds at once marked failed (root =
+// kBarrierFailed); a member receiving such a round fails its barrier too and
+// does the same, so within the rounds every living member hears of it and
+// none waits for a round a failed barrier will never send. A barrier that
+// has all it needs from the dead member (it finished the barrier and then
+// exited, the way a job ends) completes as usual.
 #include "protocol/collectives/engine.hpp"
 
 namespace ami::coll {
@@ -39,16 +47,30 @@ void GeometryImpl::barrier_arrival(const Header& h, std::uint32_t origin) {
   }
   *bits |= bit;
   if (bits == &b.next || !b.active) ++engine.stats.early_arrivals;
+  if (h.root == kBarrierFailed) {
+    // A later call on the geometry is refused; the barrier this one is for
+    // fails (the one before it, here still running, is whole).
+    if (failure_.ok()) failure_ = {StatusCode::peer_failed, "collective: a task of the geometry failed"};
+    if (bits == &b.current) b.fail(failure_);
+  }
   if (b.active && bits == &b.current) barrier_progress();
+}
+
+bool GeometryImpl::barrier_waits_on(std::uint32_t dead) const {
+  const BarrierState& b = barrier_;
+  for (std::uint32_t k = 0; k < b.rounds; ++k)
+    if (b.from[k] == dead && ((b.current >> k) & 1) == 0) return true;
+  return false;
 }
 
 // Sends every round whose predecessor has been heard; done once every
 // round has been heard.
 void GeometryImpl::barrier_progress() {
   BarrierState& b = barrier_;
-  while (b.result.ok() && b.sent < b.rounds && (b.sent == 0 || ((b.current >> (b.sent - 1)) & 1) != 0)) {
-    if (!send(b, b.to[b.sent], static_cast<std::uint16_t>(b.sent), {}, 0)) break;
-    ++b.sent;
+  while (b.sent < b.rounds && (!b.result.ok() || b.sent == 0 || ((b.current >> (b.sent - 1)) & 1) != 0)) {
+    if (!b.result.ok()) b.proto.root = kBarrierFailed;  // the rest, at once, marked
+    const std::uint32_t k = b.sent++;
+    (void)send(b, b.to[k], static_cast<std::uint16_t>(k), {}, 0);  // a refusal fails b
   }
   const std::uint64_t all = (std::uint64_t{1} << b.rounds) - 1;
   if (b.result.ok() && !(b.sent == b.rounds && b.current == all)) return;

@@ -70,6 +70,9 @@ struct Operation {
   }
 };
 
+// A barrier round's root field: the sender's barrier failed.
+inline constexpr std::uint32_t kBarrierFailed = 1;
+
 struct BarrierState : Operation {
   std::uint32_t rounds = 0;
   std::vector<std::uint32_t> to, from;  // by round: the ranks it tells and hears from
@@ -202,6 +205,7 @@ class GeometryImpl {
   // barrier.cpp
   void barrier_arrival(const Header& h, std::uint32_t origin);
   void barrier_progress();
+  bool barrier_waits_on(std::uint32_t dead_rank) const;  // a round from it not yet heard
   // broadcast.cpp
   void broadcast_start();
   bool broadcast_expects(const Header& h, std::uint32_t origin, std::size_t bytes);

@@ -200,21 +200,28 @@ void GeometryImpl::on_received(Operation& op, std::uint32_t index, Status s) {
 }
 
 void GeometryImpl::member_failed(std::uint32_t task, Status why) {
-  if (task >= rank_of.size() || rank_of[task] == kNotMember || !failure_.ok()) return;
-  failure_ = {StatusCode::peer_failed, "collective: a task of the geometry failed"};
-  // Each kind's check ends a failed operation once nothing of it is in
-  // flight (what was in flight to or from the dead task has failed already).
-  for (Operation* op : {static_cast<Operation*>(&barrier_), static_cast<Operation*>(&broadcast_),
-                        static_cast<Operation*>(&reduce_), static_cast<Operation*>(&allreduce_),
-                        static_cast<Operation*>(&allgather_)}) {
+  if (task >= rank_of.size() || rank_of[task] == kNotMember) return;
+  const std::uint32_t dead = rank_of[task];
+  if (failure_.ok()) failure_ = {StatusCode::peer_failed, "collective: a task of the geometry failed"};
+  const Status reason = why.ok() ? failure_ : why;
+  // A barrier fails only if it still waits for the dead member (see
+  // barrier.cpp); a collective with data fails outright. Each kind's check
+  // ends a failed operation once nothing of it is in flight (what was in
+  // flight to or from the dead task has failed already).
+  if (barrier_.active && barrier_.result.ok() && barrier_waits_on(dead)) {
+    barrier_.fail(reason);
+    barrier_progress();
+  }
+  for (Operation* op : {static_cast<Operation*>(&broadcast_), static_cast<Operation*>(&reduce_),
+                        static_cast<Operation*>(&allreduce_), static_cast<Operation*>(&allgather_)}) {
     if (!op->active) continue;
-    op->fail(why.ok() ? failure_ : why);
+    op->fail(reason);
     switch (op->kind) {
-      case Kind::barrier: barrier_progress(); break;
       case Kind::broadcast: broadcast_check(); break;
       case Kind::reduce: reduce_check(); break;
       case Kind::allreduce: allreduce_check(); break;
       case Kind::allgather: allgather_progress(); break;
+      case Kind::barrier: break;
     }
   }
 }

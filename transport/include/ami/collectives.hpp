@@ -22,10 +22,13 @@
 //    inside Context::advance(), never inside the call; its status is ok or
 //    the error that ended the collective (a send refused, a peer whose
 //    arguments did not match, a member that failed).
-//  - When a member fails (Context::set_error_handler tells of it), every
-//    collective in flight on a geometry it belongs to ends with peer_failed,
-//    once what it had in flight with the living is over; later calls on
-//    that geometry return peer_failed at once. Geometries without it go on.
+//  - When a member fails (Context::set_error_handler tells of it), a
+//    collective with data in flight on a geometry it belongs to ends with
+//    peer_failed once what it had in flight with the living is over; a
+//    barrier does if it still waits for a round from the member, and its
+//    remaining rounds tell the others; later calls on the geometry return
+//    peer_failed at once. A barrier the member finished before it exited
+//    completes; geometries without it go on.
 //  - Roots are ranks in the geometry (indices into its task list).
 //  - done at one task says its own part is over; a peer may still wait for
 //    this task's acknowledgement of a large message it sent, and a task
