@@ -83,6 +83,8 @@ class AmEngine final : public device::PacketSink {
   void watch_peer_failures(PeerErrorHandler watcher);
   void unwatch_peer_failures(PeerErrorHandler watcher);
   Status peer_status(Endpoint dest) const;
+  // Packets that came from e so far (0 for an endpoint out of range).
+  std::uint64_t heard(Endpoint e) const;
   // peer_failed (naming the call) when dest's peer has failed, else ok.
   Status check_alive(Endpoint dest, const char* failed) const;
   // local/local_key: the checked local range of p.local.

@@ -102,6 +102,11 @@ void AmEngine::unwatch_peer_failures(PeerErrorHandler watcher) {
   std::erase_if(watchers_, [&](const PeerErrorHandler& w) { return w.fn == watcher.fn && w.cookie == watcher.cookie; });
 }
 
+std::uint64_t AmEngine::heard(Endpoint e) const {
+  if (e.task >= shape_.tasks || e.context >= shape_.contexts) return 0;
+  return peers_[std::size_t{e.task} * shape_.contexts + e.context].heard;
+}
+
 Status AmEngine::peer_status(Endpoint dest) const {
   if (dest.task >= shape_.tasks || dest.context >= shape_.contexts)
     return {StatusCode::invalid_argument, "peer_status: endpoint out of range"};

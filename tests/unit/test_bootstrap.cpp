@@ -206,8 +206,11 @@ struct FakePeer {
   }
   void hello(std::uint32_t rank, std::uint32_t size, std::uint32_t magic = kMagic, std::uint32_t version = kVersion,
              const std::string& key = kKey) {
-    put_words(socket, {magic, version, rank, size, static_cast<std::uint32_t>(key.size())});
-    asio::write(socket, asio::buffer(key));
+    std::vector<std::uint8_t> bytes;
+    for (std::uint32_t w : {magic, version, rank, size, static_cast<std::uint32_t>(key.size())})
+      for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<std::uint8_t>(w >> (8 * i)));
+    bytes.insert(bytes.end(), key.begin(), key.end());
+    asio::write(socket, asio::buffer(bytes));  // one write: rank 0 may refuse after 16 bytes
   }
   std::uint32_t verdict() {
     const auto answer = get_words(socket, 4);

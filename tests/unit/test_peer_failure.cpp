@@ -437,3 +437,57 @@ TEST_CASE("kill -9 of a peer in the middle of a rendezvous GET") {
 TEST_CASE("kill -9 of a peer during a PUT stream, then a fence to it") {
   run_kill_case(survivor_fence, false, job_config());
 }
+
+#ifndef AMI_TEST_VERBS
+namespace {
+
+// Tasks that share no backend (self only): the only sign of a peer's end is
+// its bootstrap connection hanging up. Rank `victim` dies at once; the
+// other advances until it hears of it (keepalives off).
+int connection_case(Client& client, std::uint32_t victim) {
+  Context& c = client.context(0);
+  if (client.task() == victim) ::raise(SIGKILL);
+  const std::uint32_t other = victim;
+  struct Heard {
+    int errors = 0;
+    std::string why;
+    Endpoint peer{};
+  } heard;
+  c.set_error_handler({+[](void* p, Endpoint peer, Status why) {
+    auto* h = static_cast<Heard*>(p);
+    ++h->errors;
+    h->peer = peer;
+    h->why = why.what();
+  }, &heard});
+  const auto start = std::chrono::steady_clock::now();
+  if (!progress_until(c, [&] { return heard.errors != 0; })) return 2;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("task %u: the end of task %u seen after %.3f s: %s\n", client.task(), other, seconds,
+              heard.why.c_str());
+  if (seconds > 5.0) return 3;
+  if (heard.peer.task != other || heard.peer.context != 0) return 4;
+  if (heard.why.find("bootstrap connection closed") == std::string::npos) return 5;
+  if (c.peer_status({other, 0}) != StatusCode::peer_failed) return 6;
+  if (c.send_immediate({.dest = {other, 0}, .dispatch = kData}) != StatusCode::peer_failed) return 7;
+  for (int i = 0; i < 1000; ++i) (void)c.advance();
+  return heard.errors == 1 ? 0 : 8;
+}
+
+}  // namespace
+
+TEST_CASE("a peer whose bootstrap connection hangs up has ended: rank 0 sees a rank go, a rank sees rank 0 go") {
+  Config config;
+  REQUIRE(config.set("AMI_BACKENDS", "self").ok());
+  REQUIRE(config.set("AMI_KEEPALIVE_INTERVAL", "0").ok());
+  SUBCASE("rank 1 dies") {
+    const auto codes = run_job(2, config, {[](Client& c) { return connection_case(c, 1); },
+                                           [](Client& c) { return connection_case(c, 1); }});
+    CHECK(codes == std::vector<int>{0, -SIGKILL});
+  }
+  SUBCASE("rank 0 dies") {
+    const auto codes = run_job(2, config, {[](Client& c) { return connection_case(c, 0); },
+                                           [](Client& c) { return connection_case(c, 0); }});
+    CHECK(codes == std::vector<int>{-SIGKILL, 0});
+  }
+}
+#endif  // !AMI_TEST_VERBS

@@ -158,6 +158,7 @@ struct TcpBootstrap::Impl {
   void on_hello(Joiner& j);
   void read_key(Joiner& j);
   void refuse(Joiner& j, Verdict verdict, const std::string& problem);
+  void discard_until_closed(Joiner& j);
   Verdict check(const Hello& h, std::string& problem) const;
   std::string joins_missing() const;
   std::vector<Blob> gather(std::span<const std::byte> mine, Clock::time_point deadline);
@@ -328,9 +329,22 @@ void TcpBootstrap::Impl::refuse(Joiner& j, Verdict verdict, const std::string& p
   if (options.log) options.log(line);
   else std::fprintf(stderr, "ami: %s\n", line.c_str());
   j.frame = encode({kMagic, kVersion, static_cast<std::uint32_t>(verdict), options.size});
-  asio::async_write(j.socket, asio::buffer(j.frame), [&j](const error_code&, std::size_t) {
+  asio::async_write(j.socket, asio::buffer(j.frame), [this, &j](const error_code& ec, std::size_t) {
     error_code ignored;
-    j.socket.close(ignored);
+    if (ec) return (void)j.socket.close(ignored);
+    // Closed only once the stranger closes, whatever it still sends read
+    // and dropped: closing on unread bytes would reset the connection and
+    // could lose the verdict on its way.
+    j.socket.shutdown(tcp::socket::shutdown_send, ignored);
+    discard_until_closed(j);
+  });
+}
+
+void TcpBootstrap::Impl::discard_until_closed(Joiner& j) {
+  j.socket.async_read_some(asio::buffer(j.frame), [this, &j](const error_code& ec, std::size_t) {
+    error_code ignored;
+    if (ec) return (void)j.socket.close(ignored);
+    discard_until_closed(j);
   });
 }
 
@@ -584,6 +598,18 @@ std::vector<int> TcpBootstrap::sockets() const {
   for (std::size_t i = first; i < impl_->peers.size(); ++i)
     if (impl_->peers[i].is_open()) fds.push_back(impl_->peers[i].native_handle());
   return fds;
+}
+
+std::vector<std::pair<std::uint32_t, int>> TcpBootstrap::peer_sockets() const {
+  std::vector<std::pair<std::uint32_t, int>> out;
+  if (impl_->broken) return out;
+  if (impl_->options.rank != 0) {
+    if (!impl_->peers.empty() && impl_->peers[0].is_open()) out.emplace_back(0, impl_->peers[0].native_handle());
+    return out;
+  }
+  for (std::uint32_t r = 1; r < impl_->peers.size(); ++r)
+    if (impl_->peers[r].is_open()) out.emplace_back(r, impl_->peers[r].native_handle());
+  return out;
 }
 
 bool parse_address(std::string_view text, std::string& host, std::uint16_t& port) {

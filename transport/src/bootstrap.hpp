@@ -33,6 +33,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace ami::bootstrap {
@@ -66,6 +67,10 @@ class Bootstrap {
   virtual std::vector<Blob> allgather(std::span<const std::byte> mine) = 0;
   virtual void barrier() = 0;
   virtual std::string_view name() const = 0;  // "tcp", "pmix"
+  // Connections to peers kept open for the job's life, as (task, socket
+  // descriptor), still owned by the bootstrap: one that hangs up says its
+  // peer's process ended. None by default.
+  virtual std::vector<std::pair<std::uint32_t, int>> peer_sockets() const { return {}; }
 };
 
 class TcpBootstrap final : public Bootstrap {
@@ -86,6 +91,7 @@ class TcpBootstrap final : public Bootstrap {
   std::vector<Blob> allgather(std::span<const std::byte> mine) override;
   void barrier() override;  // allgather of nothing
   std::string_view name() const override { return "tcp"; }
+  std::vector<std::pair<std::uint32_t, int>> peer_sockets() const override;
 
   // For later failure detection: the native socket fds (rank 0: one per
   // peer, by rank; others: the one to rank 0). Still owned by the bootstrap.

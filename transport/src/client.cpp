@@ -129,6 +129,7 @@ struct Client::Impl {
   std::unique_ptr<verbs::VerbsDomain> verbs;  // after the regions: its MRs go first
   std::uint32_t shm_peers = 0;
   std::uint32_t verbs_peers = 0;
+  std::unique_ptr<detail::ConnectionWatch> connections;  // the bootstrap's, if it keeps any
   std::vector<std::unique_ptr<Context>> contexts;  // last: destroyed first
 };
 
@@ -206,6 +207,8 @@ void Client::Impl::exchange_addresses(std::uint16_t n) {
     ++verbs_peers;
   }
   boot->barrier();  // every task has mapped and connected what it will
+  if (auto sockets = boot->peer_sockets(); !sockets.empty())
+    connections = std::make_unique<detail::ConnectionWatch>(std::move(sockets));
 }
 
 void Client::Impl::attach_peer(const AddressBlob& mine, const AddressBlob& peer) {
@@ -239,7 +242,7 @@ Client::Client(ClientOptions options) {
   for (std::uint16_t i = 0; i < n; ++i)
     impl_->contexts.push_back(std::unique_ptr<Context>(new Context(std::make_unique<detail::ContextImpl>(
         *this, i, impl_->self, impl_->shm, impl_->verbs.get(), fifo_depth, shape, impl_->shm_peers > 0,
-        impl_->verbs_peers > 0, impl_->make_cache()))));
+        impl_->verbs_peers > 0, impl_->make_cache(), impl_->connections.get()))));
 }
 
 // A context's registration cache, registering through the client. Idle

@@ -1,10 +1,57 @@
 // context.cpp — the public Context: argument checks in front of the engine.
 #include "ami/context.hpp"
 
+#include <chrono>
+
 #include "ami/client.hpp"
 #include "context_impl.hpp"
 
 namespace ami {
+
+namespace detail {
+
+namespace {
+
+constexpr std::int64_t kGrace = 50'000'000;  // ns a task is known gone before it fails
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+void ContextImpl::check_connections() {
+  if (connections == nullptr) return;
+  const std::uint16_t contexts = client.context_count();
+  auto heard_from = [&](std::uint32_t task) {
+    std::uint64_t n = 0;
+    for (std::uint16_t c = 0; c < contexts; ++c) n += engine.heard({task, c});
+    return n;
+  };
+  if ((++checks & 63) == 0) {
+    connections->poll();
+    for (const std::size_t n = connections->count(); connections_seen < n; ++connections_seen) {
+      const std::uint32_t task = connections->gone(connections_seen);
+      suspects.push_back({task, now_ns(), heard_from(task)});
+    }
+  }
+  if (suspects.empty()) return;
+  const std::int64_t now = now_ns();
+  std::erase_if(suspects, [&](Suspect& s) {
+    const std::uint64_t heard = heard_from(s.task);
+    if (heard != s.heard || now - s.since_ns < kGrace) {
+      s.heard = heard;  // still taking what it sent
+      return false;
+    }
+    for (std::uint16_t c = 0; c < contexts; ++c)
+      engine.on_lane_failed({s.task, c}, {StatusCode::peer_failed, "the peer's process ended (its bootstrap "
+                                                                   "connection closed)"});
+    return true;
+  });
+}
+
+}  // namespace detail
 
 Context::Context(std::unique_ptr<detail::ContextImpl> impl) : impl_(std::move(impl)) {}
 Context::~Context() = default;
@@ -99,6 +146,7 @@ std::size_t Context::advance(std::size_t max_loops) {
     events += n;
     if (n == 0) break;
   }
+  impl_->check_connections();
   return events;
 }
 

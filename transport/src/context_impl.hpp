@@ -2,10 +2,13 @@
 // backend that serves it) and the protocol engine over them. Internal.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "ami/context.hpp"
+#include "connection_watch.hpp"
 #include "protocol/eager/am_engine.hpp"
 #include "registration_cache.hpp"
 #include "shm_backend/shm_device.hpp"
@@ -21,8 +24,8 @@ struct ContextImpl {
   ContextImpl(Client& client, std::uint16_t index, self::SelfDomain& self_domain,
               shm::ShmDomain& shm_domain, verbs::VerbsDomain* verbs_domain, std::uint32_t fifo_depth,
               protocol::AmEngine::Shape shape, bool use_shm, bool use_verbs,
-              std::unique_ptr<RegistrationCache> cache)
-      : client(client), index(index), self_device(self_domain, index, fifo_depth),
+              std::unique_ptr<RegistrationCache> cache, ConnectionWatch* connections)
+      : client(client), index(index), connections(connections), self_device(self_domain, index, fifo_depth),
         shm_device(shm_domain, index, fifo_depth), verbs_domain(verbs_domain),
         verbs_device(verbs_domain ? std::make_unique<verbs::VerbsDevice>(*verbs_domain, index, fifo_depth)
                                   : nullptr),
@@ -33,8 +36,23 @@ struct ContextImpl {
     if (verbs_device && use_verbs) engine.add_device(*verbs_device);
   }
 
+  // After each advance: a task whose bootstrap connection hung up fails
+  // (every one of its endpoints) once it has been gone kGrace and one
+  // whole check brought nothing more from it, so the packets it sent
+  // before it ended are taken first, as on any other path.
+  void check_connections();
+
   Client& client;
   std::uint16_t index;
+  ConnectionWatch* connections;  // null: nothing to watch (PMIx, a job of one)
+  struct Suspect {
+    std::uint32_t task;
+    std::int64_t since_ns;  // when this context first heard it was gone
+    std::uint64_t heard;    // packets from it at the last check
+  };
+  std::vector<Suspect> suspects;
+  std::size_t connections_seen = 0;
+  std::uint32_t checks = 0;
   ContextStats stats;
   std::mutex mutex;
   // Devices before the engine: the engine holds their lanes and goes first.

@@ -77,8 +77,10 @@ class Context {
   Status fence_all(Callback done);
   // Called at this context when a fence from a peer arrives.
   void set_fence_handler(FenceHandler handler);
-  // Called (inside advance) when a peer fails: its process died, its lane
-  // broke, or it could not be reached by a keepalive (AMI_KEEPALIVE_INTERVAL).
+  // Called (inside advance) when a peer fails: its process died (shm sees
+  // it; so does the TCP bootstrap's connection, rank 0 for every task and
+  // every task for rank 0), its lane broke, or it could not be reached by a
+  // keepalive (AMI_KEEPALIVE_INTERVAL).
   // Every operation to it that was pending has by then completed with an
   // error; later ones return peer_failed. Other peers are not affected.
   void set_error_handler(PeerErrorHandler handler);
