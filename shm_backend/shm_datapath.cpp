@@ -110,6 +110,20 @@ void ShmDevice::deliver(device::PacketSink& sink, const device::ReceptionQueue::
   }
 }
 
+// As when the process watch sees the peer exit: reported once this
+// context's ring gave up every cell reserved before now.
+bool ShmDevice::abandon(Endpoint peer, Status why) {
+  if (!can_reach(peer)) return false;
+  ShmLane* lane = lanes_[std::size_t{peer.task} * domain_.contexts() + peer.context].get();
+  if (lane == nullptr) return false;
+  if (lane->failure_.ok()) {
+    lane->failure_ = why;
+    lane->drain_to_ = domain_.own_queue(context_).tail();
+    ++failed_lanes_;
+  }
+  return true;
+}
+
 // Lanes whose peer process exited: what their FIFOs hold fails, GETs being
 // answered for the peer are dropped, and the sink hears of each once —
 // after this context's ring has given up every cell reserved before the

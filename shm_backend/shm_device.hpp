@@ -62,6 +62,7 @@ class ShmDevice final : public device::Device {
   // Publishes the head of the context's ring: cells consumed since the last
   // batch go back to the producers.
   std::size_t return_credit() override;
+  bool abandon(Endpoint peer, Status why) override;
 
   // Cells dropped because they failed a check (origin, kind, key, tag).
   std::uint64_t dropped() const { return dropped_; }

@@ -213,6 +213,22 @@ void VerbsDevice::post_failed(VerbsLane& lane, const char* call, int rc) {
   lane.failure_ = {StatusCode::device_error, "verbs: ibv_post_send failed (see the log)"};
 }
 
+// The QP goes to the error state, so the NIC stops retrying and flushes
+// what it holds (those completions are ignored: the lane is broken).
+bool VerbsDevice::abandon(Endpoint peer, Status why) {
+  if (!can_reach(peer)) return false;
+  VerbsLane* lane = lanes_[domain_.lane_index(peer)].get();
+  if (lane == nullptr) return false;
+  if (lane->broken_) return true;  // reported, or about to be
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_ERR;
+  if (int rc = ibv_modify_qp(lane->qp_, &attr, IBV_QP_STATE)) log_qp(lane->qp_, "ibv_modify_qp (to error)", rc);
+  lane->broken_ = true;
+  lane->failure_ = why;
+  ++broken_lanes_;
+  return true;
+}
+
 void VerbsDevice::post_probe(VerbsLane& lane) {
   ibv_send_wr wr{};
   wr.wr_id = send_wr_id(lane.index_, lane.posted_, kProbeBit);

@@ -107,6 +107,7 @@ class VerbsDevice final : public device::Device {
   std::string_view name() const override { return "verbs"; }
   bool can_reach(Endpoint peer) const override;
   device::Lane* lane(Endpoint peer) override;
+  bool abandon(Endpoint peer, Status why) override;
   std::size_t progress(device::PacketSink& sink, std::size_t budget) override;
   // Receive buffers not posted (being handled or waiting to be re-posted).
   unsigned reception_load() const override;

@@ -83,6 +83,10 @@ class AmEngine final : public device::PacketSink {
   void watch_peer_failures(PeerErrorHandler watcher);
   void unwatch_peer_failures(PeerErrorHandler watcher);
   Status peer_status(Endpoint dest) const;
+  // The peer at e is known to have ended by other means (its bootstrap
+  // connection closed): its device breaks the lane and reports it in order,
+  // or, with no lane, the peer fails now.
+  void abandon_peer(Endpoint e, Status why);
   // Packets that came from e so far (0 for an endpoint out of range).
   std::uint64_t heard(Endpoint e) const;
   // peer_failed (naming the call) when dest's peer has failed, else ok.

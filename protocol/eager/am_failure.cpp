@@ -102,6 +102,13 @@ void AmEngine::unwatch_peer_failures(PeerErrorHandler watcher) {
   std::erase_if(watchers_, [&](const PeerErrorHandler& w) { return w.fn == watcher.fn && w.cookie == watcher.cookie; });
 }
 
+void AmEngine::abandon_peer(Endpoint e, Status why) {
+  Peer* peer = peer_for(e);
+  if (peer == nullptr || !peer->failure.ok()) return;
+  if (peer->device != nullptr && peer->lane != nullptr && peer->device->abandon(e, why)) return;
+  fail_peer(*peer, why);
+}
+
 std::uint64_t AmEngine::heard(Endpoint e) const {
   if (e.task >= shape_.tasks || e.context >= shape_.contexts) return 0;
   return peers_[std::size_t{e.task} * shape_.contexts + e.context].heard;

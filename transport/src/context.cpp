@@ -45,8 +45,8 @@ void ContextImpl::check_connections() {
       return false;
     }
     for (std::uint16_t c = 0; c < contexts; ++c)
-      engine.on_lane_failed({s.task, c}, {StatusCode::peer_failed, "the peer's process ended (its bootstrap "
-                                                                   "connection closed)"});
+      engine.abandon_peer({s.task, c}, {StatusCode::peer_failed, "the peer's process ended (its bootstrap "
+                                                                 "connection closed)"});
     return true;
   });
 }

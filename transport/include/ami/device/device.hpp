@@ -86,6 +86,17 @@ class Device {
   // returns credit by itself once a batch is full, so none waits on it.
   // Returns how much was returned.
   virtual std::size_t return_credit() { return 0; }
+  // The peer is known to have ended by other means (its bootstrap
+  // connection closed): the device breaks its lane as if it had found it
+  // broken itself — what the FIFO holds fails and the sink hears
+  // on_lane_failed from a later progress(), after what the peer sent before
+  // it ended. false when the device has no lane to it or cannot: the engine
+  // then fails the peer itself.
+  virtual bool abandon(Endpoint peer, Status why) {
+    (void)peer;
+    (void)why;
+    return false;
+  }
 };
 
 }  // namespace ami::device
