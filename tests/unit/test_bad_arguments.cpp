@@ -148,3 +148,41 @@ TEST_CASE("zero-length operations are valid and complete") {
   CHECK(arrived == 2);
   CHECK(done == 5);
 }
+
+TEST_CASE("a context used after its client is destroyed answers with an error") {
+  auto client = std::make_unique<Client>(two_contexts());
+  Context& c = client->context(1);
+  std::vector<std::byte> buffer(64);
+  Memory m;
+  REQUIRE(client->register_memory(buffer.data(), buffer.size(), m).ok());
+  const RemoteKey key = m.remote_key();
+  m = Memory{};
+  int ran = 0;
+  const Callback count{+[](void* p, Status) { ++*static_cast<int*>(p); }, &ran};
+  client.reset();
+  const char* text = "context used after its client was destroyed";
+  check_all({
+      {c.set_dispatch(1, {+[](void*, const Incoming&, Receive*) {}, nullptr}), StatusCode::invalid_argument, text},
+      {c.send({.dest = {0, 0}, .dispatch = 1, .local_done = count}), StatusCode::invalid_argument, text},
+      {c.send_immediate({.dest = {0, 0}, .dispatch = 1}), StatusCode::invalid_argument, text},
+      {c.accept(Deferred{}, buffer.data(), count), StatusCode::invalid_argument, text},
+      {c.put({.dest = {0, 0}, .remote = key, .bytes = 8}), StatusCode::invalid_argument, text},
+      {c.get({.dest = {0, 0}, .remote = key, .bytes = 8}), StatusCode::invalid_argument, text},
+      {c.fence({0, 0}, count), StatusCode::invalid_argument, text},
+      {c.fence_all(count), StatusCode::invalid_argument, text},
+      {c.post(count), StatusCode::invalid_argument, text},
+      {c.peer_status({0, 0}), StatusCode::invalid_argument, text},
+  });
+  CHECK(c.index() == 1);
+  CHECK(c.advance(10) == 0);
+  CHECK(c.immediate_limit({0, 0}) == 0);
+  CHECK(c.backend_for({0, 0}).empty());
+  CHECK(c.describe_lane({0, 0}).empty());
+  CHECK(c.stats().packets_sent == 0);
+  CHECK_FALSE(c.try_lock());
+  c.lock();
+  c.unlock();
+  c.set_error_handler({});
+  CHECK_THROWS_AS((void)c.client(), Error);
+  CHECK(ran == 0);  // nothing was taken, so nothing completes
+}

@@ -261,7 +261,25 @@ std::unique_ptr<detail::RegistrationCache> Client::Impl::make_cache() {
                                                      static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)));
 }
 
-Client::~Client() = default;
+namespace {
+
+// Contexts of destroyed clients: retired, kept so that a reference held
+// past its client is still an object that answers with an error (a few
+// bytes each, for the process's life).
+std::mutex graveyard_mutex;
+std::vector<std::unique_ptr<Context>> graveyard;
+
+}  // namespace
+
+Client::~Client() {
+  if (!impl_) return;
+  // The contexts go first, as they always did; their objects stay.
+  std::lock_guard lock(graveyard_mutex);
+  for (auto& c : impl_->contexts) {
+    c->retire();
+    graveyard.push_back(std::move(c));
+  }
+}
 
 std::string make_job_key() {
   std::array<unsigned char, 16> bytes{};

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "ami/client.hpp"
+#include "ami/error.hpp"
 #include "context_impl.hpp"
 
 namespace ami {
@@ -53,12 +54,28 @@ void ContextImpl::check_connections() {
 
 }  // namespace detail
 
-Context::Context(std::unique_ptr<detail::ContextImpl> impl) : impl_(std::move(impl)) {}
+namespace {
+
+// What a context's calls return once its client is gone (Client::~Client
+// retires its contexts instead of freeing them, so that a reference kept
+// past it is still an object to ask).
+const Status kRetired{StatusCode::invalid_argument, "context used after its client was destroyed"};
+
+}  // namespace
+
+Context::Context(std::unique_ptr<detail::ContextImpl> impl) : impl_(std::move(impl)), index_(impl_->index) {}
 Context::~Context() = default;
 
-std::uint16_t Context::index() const { return impl_->index; }
-Client& Context::client() const { return impl_->client; }
+void Context::retire() { impl_.reset(); }
+
+std::uint16_t Context::index() const { return index_; }
+Client& Context::client() const {
+  if (!impl_) throw Error("Context::client: " + std::string(kRetired.what()));
+  return impl_->client;
+}
 const ContextStats& Context::stats() const {
+  static const ContextStats nothing{};
+  if (!impl_) return nothing;
   const detail::RegistrationCache::Counters& c = impl_->cache->counters();
   impl_->stats.rcache_hits = c.hits;
   impl_->stats.rcache_misses = c.misses;
@@ -67,37 +84,49 @@ const ContextStats& Context::stats() const {
 }
 
 Status Context::set_dispatch(std::uint16_t id, Dispatch dispatch) {
+  if (!impl_) return kRetired;
   return impl_->engine.set_dispatch(id, dispatch);
 }
 
-Status Context::send(const SendParams& params) { return impl_->engine.send(params); }
+Status Context::send(const SendParams& params) { return impl_ ? impl_->engine.send(params) : kRetired; }
 
 Status Context::send_immediate(const SendImmediateParams& params) {
+  if (!impl_) return kRetired;
   return impl_->engine.send_immediate(params);
 }
 
 Status Context::accept(const Deferred& deferred, void* buffer, Callback done, const Memory* memory) {
+  if (!impl_) return kRetired;
   return impl_->engine.accept(deferred.id, static_cast<std::byte*>(buffer), done, memory);
 }
 
-Status Context::fence(Endpoint dest, Callback done) { return impl_->engine.fence(dest, done); }
-Status Context::fence_all(Callback done) { return impl_->engine.fence_all(done); }
-void Context::set_fence_handler(FenceHandler handler) { impl_->engine.set_fence_handler(handler); }
+Status Context::fence(Endpoint dest, Callback done) { return impl_ ? impl_->engine.fence(dest, done) : kRetired; }
+Status Context::fence_all(Callback done) { return impl_ ? impl_->engine.fence_all(done) : kRetired; }
+void Context::set_fence_handler(FenceHandler handler) {
+  if (impl_) impl_->engine.set_fence_handler(handler);
+}
 
-Status Context::post(Callback work) { return impl_->engine.post(work); }
+Status Context::post(Callback work) { return impl_ ? impl_->engine.post(work) : kRetired; }
 
-void Context::set_error_handler(PeerErrorHandler handler) { impl_->engine.set_error_handler(handler); }
-void Context::watch_peer_failures(PeerErrorHandler watcher) { impl_->engine.watch_peer_failures(watcher); }
-void Context::unwatch_peer_failures(PeerErrorHandler watcher) { impl_->engine.unwatch_peer_failures(watcher); }
-Status Context::peer_status(Endpoint dest) const { return impl_->engine.peer_status(dest); }
+void Context::set_error_handler(PeerErrorHandler handler) {
+  if (impl_) impl_->engine.set_error_handler(handler);
+}
+void Context::watch_peer_failures(PeerErrorHandler watcher) {
+  if (impl_) impl_->engine.watch_peer_failures(watcher);
+}
+void Context::unwatch_peer_failures(PeerErrorHandler watcher) {
+  if (impl_) impl_->engine.unwatch_peer_failures(watcher);
+}
+Status Context::peer_status(Endpoint dest) const { return impl_ ? impl_->engine.peer_status(dest) : kRetired; }
 
-std::size_t Context::immediate_limit(Endpoint dest) { return impl_->engine.immediate_limit(dest); }
+std::size_t Context::immediate_limit(Endpoint dest) { return impl_ ? impl_->engine.immediate_limit(dest) : 0; }
 
-std::string_view Context::backend_for(Endpoint dest) { return impl_->engine.backend_for(dest); }
+std::string_view Context::backend_for(Endpoint dest) { return impl_ ? impl_->engine.backend_for(dest) : ""; }
 
-AckPeerStats Context::ack_stats(Endpoint dest) const { return impl_->engine.ack_stats(dest); }
+AckPeerStats Context::ack_stats(Endpoint dest) const { return impl_ ? impl_->engine.ack_stats(dest) : AckPeerStats{}; }
 
 std::string Context::describe_lane(Endpoint dest) {
+  if (!impl_) return {};
   const std::string_view backend = backend_for(dest);
   if (backend == "verbs") return impl_->verbs_domain->describe_lane(impl_->index, dest);
   return " Lane            : " + (backend.empty() ? std::string("unreachable") : std::string(backend)) + "\n";
@@ -126,6 +155,7 @@ Status check_rdma(const Client& client, const RdmaParams& p, bool is_put) {
 }  // namespace
 
 Status Context::put(const RdmaParams& params) {
+  if (!impl_) return kRetired;
   Status s = check_rdma(client(), params, true);
   if (!s.ok()) return s;
   auto* local = static_cast<std::byte*>(params.local->address()) + params.local_offset;
@@ -133,6 +163,7 @@ Status Context::put(const RdmaParams& params) {
 }
 
 Status Context::get(const RdmaParams& params) {
+  if (!impl_) return kRetired;
   Status s = check_rdma(client(), params, false);
   if (!s.ok()) return s;
   auto* local = static_cast<std::byte*>(params.local->address()) + params.local_offset;
@@ -140,6 +171,7 @@ Status Context::get(const RdmaParams& params) {
 }
 
 std::size_t Context::advance(std::size_t max_loops) {
+  if (!impl_) return 0;
   std::size_t events = 0;
   for (std::size_t i = 0; i < max_loops; ++i) {
     const std::size_t n = impl_->engine.advance();
@@ -150,8 +182,12 @@ std::size_t Context::advance(std::size_t max_loops) {
   return events;
 }
 
-void Context::lock() { impl_->mutex.lock(); }
-bool Context::try_lock() { return impl_->mutex.try_lock(); }
-void Context::unlock() { impl_->mutex.unlock(); }
+void Context::lock() {
+  if (impl_) impl_->mutex.lock();
+}
+bool Context::try_lock() { return impl_ && impl_->mutex.try_lock(); }
+void Context::unlock() {
+  if (impl_) impl_->mutex.unlock();
+}
 
 }  // namespace ami

@@ -1,7 +1,11 @@
 // ami/context.hpp — a context: a partition of the client's resources with
 // its own work queue, advanced by one thread at a time.
 //
-// Owned by its Client; references stay valid for the Client's life. post
+// Owned by its Client; references stay valid for the Client's life. A
+// reference kept past it still names an object: every call on it then
+// returns invalid_argument ("context used after its client was destroyed"),
+// 0 or nothing (advance, immediate_limit, stats, describe_lane), and
+// client() throws ami::Error. post
 // calls (send, send_immediate, put, get) and advance() are not thread-safe:
 // one thread drives a context at a time, which lock()/try_lock() arrange
 // when threads share one. Two contexts share no queue, so two threads on two
@@ -120,7 +124,9 @@ class Context {
  private:
   friend class Client;
   explicit Context(std::unique_ptr<detail::ContextImpl> impl);
+  void retire();  // the client is going: everything but the object goes
   std::unique_ptr<detail::ContextImpl> impl_;
+  std::uint16_t index_;
 };
 
 }  // namespace ami
