@@ -72,6 +72,11 @@ constexpr ParamSpec kTable[] = {
     {"AMI_VERBS_MAX_INLINE", "auto", ParamType::unsigned_int, 0, 65536,
      "Bytes a send carries inline in its work request: auto (the most the device takes) or a "
      "number, 0 for never.", true},
+    {"AMI_VERBS_TIMEOUT", "14", ParamType::unsigned_int, 1, 31,
+     "RC local ACK timeout: 4.096 us x 2^value before a send is retried (14: 67 ms)."},
+    {"AMI_VERBS_RETRY_COUNT", "6", ParamType::unsigned_int, 0, 6,
+     "RC transport retries before a lane fails (with AMI_VERBS_TIMEOUT: how long a peer may stay "
+     "silent). At most 6: soft-RoCE takes 7 as retry forever, and a dead peer would never be found."},
     {"AMI_VERBS_BOUNCE_SIZE", "8192", ParamType::power_of_two, 256, 1 * kMiB,
      "Bytes per receive buffer, so the largest packet over verbs."},
     {"AMI_MAX_REGIONS", "4096", ParamType::unsigned_int, 1, 1u << 20,
