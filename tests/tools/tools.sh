@@ -36,18 +36,17 @@ refuse() {
   fi
 }
 
-port=$((20000 + $$ % 20000))
 for tool in ami_send_lat ami_write_lat ami_read_lat; do
-  run "$tool" "2 4096 65536 8388608" --local -n 100 -a -p $((port++))
-  run "$tool" "8" --local -n 200 -s 8 -p $((port++))
+  run "$tool" "2 4096 65536 8388608" --local -n 100 -a
+  run "$tool" "8" --local -n 200 -s 8
   run "$tool" "3000" --backend self -n 200 -s 3000
 done
 for tool in ami_send_bw ami_write_bw ami_read_bw; do
-  run "$tool" "65536" --local -n 300 -s 65536 -p $((port++))
-  run "$tool" "2" --local -n 300 -s 2 -t 16 -p $((port++)) --report_gbits
+  run "$tool" "65536" --local -n 300 -s 65536
+  run "$tool" "2" --local -n 300 -s 2 -t 16 --report_gbits
   run "$tool" "1048576" --backend self -n 50 -s 1048576
 done
-run ami_write_bw "4096" --local -n 100 -s 4096 -p $((port++)) --out_json_file="$json"
+run ami_write_bw "4096" --local -n 100 -s 4096 --out_json_file="$json"
 if python3 -c 'import json, sys
 r = json.load(open(sys.argv[1]))
 assert r["tool"] == "ami_write_bw" and r["backend"] == "shm"

@@ -24,6 +24,7 @@ struct Options {
   std::string backend = "shm";
   std::string server;          // client mode: the server's host name
   std::uint16_t port = 18515;
+  bool port_given = false;     // -p: --local otherwise takes a free loopback port
   bool local = false;          // both sides on this host, from one command
   bool report_gbits = false;
   // Send tests: every measured send asks for remote_done. In the bandwidth

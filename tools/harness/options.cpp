@@ -24,7 +24,7 @@ void usage(Test t) {
       "  -n, --iters=<n>          iterations (default 1000 latency, 5000 bandwidth)\n"
       "  -t, --tx-depth=<n>       operations in flight in bandwidth tests (default 128);\n"
       "                           verbs: also the send queue depth (AMI_VERBS_SQ_DEPTH)\n"
-      "  -p, --port=<port>        bootstrap port (default 18515)\n"
+      "  -p, --port=<port>        bootstrap port (default 18515; --local: a free one)\n"
       "      --backend=<name>     shm (default) | self | verbs; a device option implies verbs\n"
       "      --local              start the server as a child process (self: a thread)\n"
       "      --report_gbits       bandwidth in Gb/s instead of MiB/s\n"
@@ -155,6 +155,7 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
       case 'p':
         if (!number(optarg, v, 1, 65535, "--port")) return false;
         o.port = static_cast<std::uint16_t>(v);
+        o.port_given = true;
         break;
       case kBackend:
         o.backend = optarg;

@@ -6,6 +6,9 @@
 #if defined(__x86_64__)
 #include <x86intrin.h>
 #endif
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -630,9 +633,29 @@ void pin_to(unsigned index) {
   }
 }
 
+// A loopback port nobody uses now: the kernel's choice for a socket bound to
+// port 0. Fixed port numbers collide with other jobs and with the ephemeral
+// ports of outgoing connections; this leaves only the moment until the
+// server listens on it.
+std::uint16_t free_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw Error("socket", errno);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof a;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &length) == 0;
+  const int error = errno;
+  ::close(fd);
+  if (!ok) throw Error("finding a free loopback port", error);
+  return ntohs(a.sin_port);
+}
+
 // --local: the server is a child process on loopback, each side on its own core.
 int run_local(const Options& o) {
-  const std::string address = "127.0.0.1:" + std::to_string(o.port);
+  const std::uint16_t port = o.port_given ? o.port : free_loopback_port();
+  const std::string address = "127.0.0.1:" + std::to_string(port);
   // Both sides are ours: unless the user gave one, a fresh key keeps any
   // other process off the bootstrap port.
   if (std::getenv("AMI_JOB_KEY") == nullptr) ::setenv("AMI_JOB_KEY", make_job_key().c_str(), 1);
