@@ -1,6 +1,7 @@
 // shm_backend/shm_datapath.cpp — the per-message path: lanes into peers'
 // rings, and the context's own ring out to the protocol.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "shm_backend/shm_device.hpp"
@@ -9,6 +10,11 @@ namespace ami::shm {
 
 namespace {
 constexpr Status kPeerExited{StatusCode::peer_failed, "shm: the peer process exited"};
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 }  // namespace
 
 ShmDevice::ShmDevice(ShmDomain& domain, std::uint16_t context, std::uint32_t fifo_depth)
@@ -34,13 +40,25 @@ device::Lane* ShmDevice::lane(Endpoint peer) {
     l = std::make_unique<ShmLane>(*this, peer, fifo_depth_, domain_.peer_queue(peer.task, peer.context),
                                   domain_.pid(peer.task));
     active_.push_back(l.get());
-    if (domain_.dead(peer.task)) {
-      l->failure_ = kPeerExited;
-      l->drain_to_ = domain_.own_queue(context_).tail();
-      ++failed_lanes_;
-    }
+    if (domain_.dead(peer.task)) fail_lane(*l, kPeerExited);
   }
   return l.get();
+}
+
+// Its failure is reported once this context's ring gave up every cell
+// reserved before now (see tend_failed_lanes).
+void ShmDevice::fail_lane(ShmLane& lane, Status why) {
+  if (!lane.failure_.ok()) return;
+  lane.failure_ = why;
+  lane.drain_to_ = domain_.own_queue(context_).tail();
+  ++failed_lanes_;
+}
+
+bool ShmDevice::commit(ShmLane& lane, device::ReceptionQueue::Reservation r, std::size_t bytes,
+                       std::uint16_t kind) {
+  if (lane.target_.commit(r, static_cast<std::uint32_t>(bytes), me(kind))) return true;
+  fail_lane(lane, kCellSkipped);  // a packet of its ordered stream is lost
+  return false;
 }
 
 ShmDevice::Step ShmDevice::send_packet(ShmLane& lane, const device::PacketDescriptor& p) {
@@ -50,8 +68,7 @@ ShmDevice::Step ShmDevice::send_packet(ShmLane& lane, const device::PacketDescri
   if (!r) return Step::stalled;
   std::memcpy(r.data(), p.inline_data, p.inline_len);
   if (p.payload_len != 0) std::memcpy(r.data() + p.inline_len, p.payload, p.payload_len);
-  lane.target_.commit(r, static_cast<std::uint32_t>(bytes), me(kPacketCell));
-  return Step::done;
+  return commit(lane, r, bytes, kPacketCell) ? Step::done : Step::stalled;  // (the failed lane fails it)
 }
 
 ShmDevice::Step ShmDevice::execute(ShmLane& lane, std::uint64_t n) {
@@ -116,11 +133,7 @@ bool ShmDevice::abandon(Endpoint peer, Status why) {
   if (!can_reach(peer)) return false;
   ShmLane* lane = lanes_[std::size_t{peer.task} * domain_.contexts() + peer.context].get();
   if (lane == nullptr) return false;
-  if (lane->failure_.ok()) {
-    lane->failure_ = why;
-    lane->drain_to_ = domain_.own_queue(context_).tail();
-    ++failed_lanes_;
-  }
+  fail_lane(*lane, why);
   return true;
 }
 
@@ -136,14 +149,11 @@ std::size_t ShmDevice::tend_failed_lanes(device::PacketSink& sink) {
   if (deaths != deaths_seen_) {
     deaths_seen_ = deaths;
     for (ShmLane* lane : active_)
-      if (lane->failure_.ok() && domain_.dead(lane->peer().task)) {
-        lane->failure_ = kPeerExited;
-        lane->drain_to_ = own.tail();
-        ++failed_lanes_;
-      }
+      if (domain_.dead(lane->peer().task)) fail_lane(*lane, kPeerExited);
     std::erase_if(responses_, [&](const GetResponse& r) { return domain_.dead(r.to.task); });
   }
   if (failed_lanes_ == 0) return 0;
+  if ((progress_calls_ & 255) == 0) skip_stalled_cell();
   for (ShmLane* lane : active_) {
     if (lane->failure_.ok() || own.consumed() < lane->drain_to_) continue;
     auto& fifo = lane->fifo();
@@ -155,6 +165,32 @@ std::size_t ShmDevice::tend_failed_lanes(device::PacketSink& sink) {
     }
   }
   return work;
+}
+
+// Once a peer failed, a cell it reserved in this context's ring and never
+// committed would hold back every cell behind it, other peers' included, and
+// the failed lane's report (it waits for the ring to pass its cells). A cell
+// that stays so for AMI_SHM_STALL_TIMEOUT is skipped; should its producer
+// be alive after all, its commit fails and its lane to here fails with it.
+// (Its copy into the cell may still land after the cell was reused: the
+// price of not waiting forever, paid only by a producer that stalled for
+// the whole timeout between two instructions of a copy.)
+void ShmDevice::skip_stalled_cell() {
+  device::ReceptionQueue& own = domain_.own_queue(context_);
+  std::uint64_t position = 0;
+  if (!own.stalled(position)) {
+    stalled_since_ns_ = 0;
+    return;
+  }
+  const std::int64_t now = now_ns();
+  if (stalled_since_ns_ == 0 || position != stalled_position_) {
+    stalled_position_ = position;
+    stalled_since_ns_ = now;
+    return;
+  }
+  if (now - stalled_since_ns_ < std::int64_t{domain_.stall_timeout_ms()} * 1'000'000) return;
+  if (own.give_up(position)) ++cells_skipped_;
+  stalled_since_ns_ = 0;
 }
 
 std::size_t ShmDevice::progress(device::PacketSink& sink, std::size_t budget) {

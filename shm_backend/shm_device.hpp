@@ -21,6 +21,12 @@ namespace ami::shm {
 
 class ShmDevice;
 
+// A peer skipped a cell of its ring that this process reserved and did not
+// fill in time: a packet of the lane's ordered stream is lost.
+inline constexpr Status kCellSkipped{StatusCode::peer_failed,
+                                     "shm: the peer skipped a ring cell this process held too long "
+                                     "(AMI_SHM_STALL_TIMEOUT)"};
+
 class ShmLane final : public device::Lane {
  public:
   ShmLane(ShmDevice& device, Endpoint peer, std::uint32_t fifo_depth, device::ReceptionQueue& target,
@@ -66,6 +72,9 @@ class ShmDevice final : public device::Device {
 
   // Cells dropped because they failed a check (origin, kind, key, tag).
   std::uint64_t dropped() const { return dropped_; }
+  // Cells of the own ring skipped because their producer held them too long
+  // after a peer failed (AMI_SHM_STALL_TIMEOUT).
+  std::uint64_t cells_skipped() const { return cells_skipped_; }
 
  private:
   enum class Step { done, stalled, waiting };
@@ -119,7 +128,15 @@ class ShmDevice final : public device::Device {
   std::uint32_t progress_calls_ = 0;
   std::uint64_t deaths_seen_ = 0;                // domain_.deaths() when last looked
   std::size_t failed_lanes_ = 0;
+  // The own ring's next cell, seen reserved but uncommitted (stalled_since_ns_ != 0).
+  std::uint64_t stalled_position_ = 0;
+  std::int64_t stalled_since_ns_ = 0;
+  std::uint64_t cells_skipped_ = 0;
   std::size_t tend_failed_lanes(device::PacketSink& sink);
+  void skip_stalled_cell();
+  void fail_lane(ShmLane& lane, Status why);
+  // Commits a cell of lane's peer's ring; a cell the peer gave up fails the lane.
+  bool commit(ShmLane& lane, device::ReceptionQueue::Reservation r, std::size_t bytes, std::uint16_t kind);
 };
 
 }  // namespace ami::shm

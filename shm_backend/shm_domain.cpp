@@ -29,7 +29,7 @@ ShmDomain::ShmDomain(std::uint32_t task, std::uint32_t tasks, std::uint16_t cont
                      const DomainOptions& options, const device::RegionTable& regions)
     : task_(task), regions_(regions),
       own_(task, contexts, options.queue_depth, options.cell_bytes), peers_(tasks),
-      cma_(options.cma && cma_allowed()) {}
+      cma_(options.cma && cma_allowed()), stall_timeout_ms_(options.stall_timeout_ms) {}
 
 Status ShmDomain::attach(const PeerAddress& peer) {
   if (peer.task >= peers_.size() || peer.task == task_)

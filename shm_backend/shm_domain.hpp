@@ -23,6 +23,10 @@ struct DomainOptions {
   std::uint32_t queue_depth = 256;
   std::uint32_t cell_bytes = 256;
   bool cma = true;  // false forces the pipelined copy through the rings
+  // After a peer failed: how long the next cell of a context's ring may stay
+  // reserved and uncommitted before the context skips it (its producer most
+  // likely died holding it).
+  std::uint32_t stall_timeout_ms = 1000;
 };
 
 // What a peer announces about its segment (from its address blob).
@@ -46,6 +50,7 @@ class ShmDomain {
   std::uint16_t contexts() const { return own_.contexts(); }
   int segment_fd() const { return own_.fd(); }
   const device::RegionTable& regions() const { return regions_; }
+  std::uint32_t stall_timeout_ms() const { return stall_timeout_ms_; }
 
   // Maps a peer's segment; its status says why a peer stays unreachable.
   Status attach(const PeerAddress& peer);
@@ -86,6 +91,7 @@ class ShmDomain {
   OwnSegment own_;
   std::vector<Peer> peers_;  // by task; empty where not on this host
   std::atomic<bool> cma_;
+  std::uint32_t stall_timeout_ms_;
   std::mutex watch_lock_;
   std::int64_t next_watch_ns_ = 0;  // under watch_lock_
   std::atomic<std::uint64_t> deaths_{0};

@@ -130,7 +130,7 @@ ShmDevice::Step ShmDevice::put_through_ring(ShmLane& lane, std::uint64_t n) {
     RdmaChunk c{.key = x.remote, .remote_address = x.remote_address + lane.put_sent_, .bytes = chunk};
     std::memcpy(r.data(), &c, sizeof c);
     std::memcpy(r.data() + sizeof c, x.local + lane.put_sent_, chunk);
-    lane.target_.commit(r, static_cast<std::uint32_t>(sizeof c + chunk), me(kPutDataCell));
+    if (!commit(lane, r, sizeof c + chunk, kPutDataCell)) return Step::stalled;  // the failed lane fails it
     lane.put_sent_ += chunk;
   } while (lane.put_sent_ < x.length);
   lane.put_sent_ = 0;
@@ -146,7 +146,7 @@ ShmDevice::Step ShmDevice::get_through_ring(ShmLane& lane, std::uint64_t n) {
     if (!r) return Step::stalled;
     RdmaChunk c{.key = x.remote, .remote_address = x.remote_address, .tag = n, .bytes = x.length};
     std::memcpy(r.data(), &c, sizeof c);
-    lane.target_.commit(r, sizeof c, me(kGetRequestCell));
+    if (!commit(lane, r, sizeof c, kGetRequestCell)) return Step::stalled;
     lane.get_waiting_ = true;
     lane.get_received_ = 0;
     return Step::waiting;
@@ -189,7 +189,11 @@ std::size_t ShmDevice::serve_get_responses() {
       RdmaChunk c{.tag = g.tag, .offset = g.sent, .bytes = chunk, .status = g.status};
       std::memcpy(r.data(), &c, sizeof c);
       if (chunk != 0) std::memcpy(r.data() + sizeof c, g.source + g.sent, chunk);
-      q.commit(r, static_cast<std::uint32_t>(sizeof c + chunk), me(kGetDataCell));
+      if (!q.commit(r, static_cast<std::uint32_t>(sizeof c + chunk), me(kGetDataCell))) {
+        if (auto* l = static_cast<ShmLane*>(lane(g.to))) fail_lane(*l, kCellSkipped);  // the answer is lost
+        finished = true;
+        break;
+      }
       g.sent += chunk;
       ++work;
       if (g.sent == g.bytes) {

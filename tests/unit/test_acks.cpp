@@ -187,7 +187,7 @@ TEST_CASE("reception queue: credit goes back in batches, or when published") {
   auto fill = [&] {
     int n = 0;
     while (auto r = producer.reserve()) {
-      producer.commit(r, 1, {});
+      CHECK(producer.commit(r, 1, {}));
       ++n;
     }
     return n;

@@ -35,9 +35,9 @@ TEST_CASE("reserve, commit, discard and wrap") {
     REQUIRE(r1);
     REQUIRE(r2);
     std::memcpy(r2.data(), "second", 6);
-    q.commit(r2, 6, {2, 0, 0});
+    CHECK(q.commit(r2, 6, {2, 0, 0}));
     CHECK_FALSE(q.peek(a));  // r1 not yet committed: order is kept
-    q.discard(r1);
+    CHECK(q.discard(r1));
     REQUIRE(q.peek(a));  // the discarded cell is skipped
     CHECK(a.origin.task == 2);
     CHECK(std::memcmp(a.data.data(), "second", 6) == 0);
@@ -52,13 +52,50 @@ TEST_CASE("a full ring refuses a reservation instead of waiting") {
   for (int i = 0; i < 4; ++i) {
     auto r = q.reserve();
     REQUIRE(r);
-    q.commit(r, 0, {});
+    CHECK(q.commit(r, 0, {}));
   }
   CHECK_FALSE(q.reserve());
   ReceptionQueue::Arrival a;
   REQUIRE(q.peek(a));
   q.release();
   CHECK(q.reserve());
+}
+
+TEST_CASE("a cell held too long is given up: the cells behind it flow, its late commit fails") {
+  Buffer mem(ReceptionQueue::bytes_needed(4, 128));
+  auto q = ReceptionQueue::create(mem.p, 4, 128);
+  ReceptionQueue::Arrival a;
+  std::uint64_t position = 99;
+  CHECK_FALSE(q.stalled(position));  // empty: nothing waits
+  for (int round = 0; round < 6; ++round) {  // several laps of the ring
+    auto held = q.reserve();
+    auto behind = q.reserve();
+    REQUIRE(held);
+    REQUIRE(behind);
+    std::memcpy(behind.data(), "behind", 6);
+    CHECK(q.commit(behind, 6, {3, 0, 0}));
+    CHECK_FALSE(q.peek(a));  // blocked by the held cell
+    REQUIRE(q.stalled(position));
+    CHECK(position == held.position);
+    CHECK_FALSE(q.give_up(position + 1));  // only the next cell can be given up
+    CHECK(q.give_up(position));
+    CHECK_FALSE(q.stalled(position));
+    REQUIRE(q.peek(a));
+    CHECK(a.origin.task == 3);
+    CHECK(std::memcmp(a.data.data(), "behind", 6) == 0);
+    q.release();
+    std::memcpy(held.data(), "late", 4);
+    CHECK_FALSE(q.commit(held, 4, {4, 0, 0}));  // the producer learns its packet is lost
+    CHECK_FALSE(q.peek(a));                      // and the consumer never sees it
+    q.publish();
+  }
+  // A cell committed just before the consumer gives up is delivered, not skipped.
+  auto r = q.reserve();
+  REQUIRE(q.stalled(position));
+  CHECK(q.commit(r, 0, {5, 0, 0}));
+  CHECK_FALSE(q.give_up(position));
+  REQUIRE(q.peek(a));
+  CHECK(a.origin.task == 5);
 }
 
 TEST_CASE("attach checks the header") {
@@ -83,7 +120,7 @@ TEST_CASE("a cell claiming more data than a cell holds is dropped") {
   Buffer mem(ReceptionQueue::bytes_needed(4, 128));
   auto q = ReceptionQueue::create(mem.p, 4, 128);
   auto r = q.reserve();
-  q.commit(r, 4096, {});
+  CHECK(q.commit(r, 4096, {}));
   ReceptionQueue::Arrival a;
   CHECK_FALSE(q.peek(a));
   CHECK(q.reserve());  // its cell went back to the producers
@@ -104,7 +141,7 @@ TEST_CASE("several producers, one consumer: every packet once, per-producer orde
           continue;
         }
         std::memcpy(r.data(), &i, sizeof i);
-        q.commit(r, sizeof i, {static_cast<std::uint32_t>(p), 0, 0});
+        if (!q.commit(r, sizeof i, {static_cast<std::uint32_t>(p), 0, 0})) std::abort();  // nobody gives up here
         ++i;
       }
     });

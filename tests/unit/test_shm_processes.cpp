@@ -20,6 +20,7 @@
 #include "ami/ami.hpp"
 #include "jobs.hpp"
 #include "pair.hpp"
+#include "shm_backend/shm_device.hpp"
 
 using namespace ami;
 using namespace test;
@@ -369,6 +370,119 @@ TEST_CASE("a peer that exits early does not hang or crash the survivor") {
   const auto before = dev_shm();
   CHECK(run_job(2, Config{}, {stayer, leaver}, std::chrono::seconds(30)) == std::vector<int>{0, 0});
   CHECK(dev_shm() == before);
+}
+
+namespace {
+
+// The lowest layer, between real processes: shm domains joined by hand
+// through pipes, a device draining the parent's ring into a sink.
+struct Sink final : ami::device::PacketSink {
+  std::vector<std::pair<Endpoint, std::string>> packets;
+  std::vector<std::pair<Endpoint, Status>> failed;
+  void on_packet(Endpoint origin, std::span<const std::byte> bytes) override {
+    packets.emplace_back(origin, std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+  }
+  void on_lane_failed(Endpoint peer, Status why) override { failed.emplace_back(peer, why); }
+};
+
+bool write_all(int fd, const void* p, std::size_t n) { return ::write(fd, p, n) == static_cast<ssize_t>(n); }
+bool read_all(int fd, void* p, std::size_t n) { return ::read(fd, p, n) == static_cast<ssize_t>(n); }
+
+// Children still running when a test ends early (a failed REQUIRE) are
+// killed and reaped; wait() reaps one for the test and forgets it.
+struct Children {
+  std::vector<pid_t> pids;
+  int wait(pid_t pid) {
+    int status = -1;
+    if (waitpid(pid, &status, 0) == pid) std::erase(pids, pid);
+    return status;
+  }
+  ~Children() {
+    for (pid_t p : pids) {
+      kill(p, SIGKILL);
+      waitpid(p, nullptr, 0);
+    }
+  }
+};
+
+// A child of the parent's job of three: joins task 0's ring, does what
+// act says with it, and never returns.
+template <typename Act>
+pid_t child_task(std::uint32_t task, const ami::shm::PeerAddress& parent, int to_parent, Act act) {
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  ami::device::RegionTable regions(1, task, 4);
+  ami::shm::ShmDomain d(task, 3, 1, {.queue_depth = 16, .cell_bytes = 256}, regions);
+  const ami::shm::PeerAddress mine{task, static_cast<std::uint32_t>(getpid()), d.segment_fd(), 1};
+  if (!d.attach(parent).ok() || !write_all(to_parent, &mine, sizeof mine)) _exit(2);
+  act(d.peer_queue(0, 0));
+  _exit(3);
+}
+
+}  // namespace
+
+TEST_CASE("a process killed while holding a cell of a peer's ring: the ring goes on past it") {
+  // Task 1 reserves a cell of task 0's ring and is killed before it commits
+  // it; task 2's packet, behind that cell, must still arrive, and task 0
+  // must hear of task 1's end, which waits for the ring to pass its cells.
+  ami::device::RegionTable regions(1, 0, 4);
+  ami::shm::ShmDomain d0(0, 3, 1, {.queue_depth = 16, .cell_bytes = 256, .stall_timeout_ms = 200}, regions);
+  const ami::shm::PeerAddress parent{0, static_cast<std::uint32_t>(getpid()), d0.segment_fd(), 1};
+  int up[2], go[2], go2[2];  // go: to the holder, go2: to the sender
+  REQUIRE(pipe(up) == 0);
+  REQUIRE(pipe(go) == 0);
+  REQUIRE(pipe(go2) == 0);
+  Children children;
+  const pid_t holder = child_task(1, parent, up[1], [&](ami::device::ReceptionQueue& q) {
+    char c = 0;
+    if (!read_all(go[0], &c, 1)) _exit(4);
+    if (!q.reserve()) _exit(5);
+    (void)write_all(up[1], "r", 1);
+    kill(getpid(), SIGKILL);  // dies holding the cell
+  });
+  children.pids.push_back(holder);
+  const pid_t sender = child_task(2, parent, up[1], [&](ami::device::ReceptionQueue& q) {
+    char c = 0;
+    if (!read_all(go2[0], &c, 1)) _exit(4);
+    auto r = q.reserve();
+    if (!r) _exit(5);
+    std::memcpy(r.data(), "behind", 6);
+    if (!q.commit(r, 6, {2, 0, 0})) _exit(6);
+    (void)write_all(up[1], "c", 1);
+    _exit(read_all(go2[0], &c, 1) ? 0 : 7);  // alive until the parent is done
+  });
+  children.pids.push_back(sender);
+  for (int i = 0; i < 2; ++i) {
+    ami::shm::PeerAddress a{};
+    REQUIRE(read_all(up[0], &a, sizeof a));
+    REQUIRE(d0.attach(a).ok());
+  }
+  ami::shm::ShmDevice device(d0, 0, 16);
+  REQUIRE(device.lane({1, 0}) != nullptr);
+  REQUIRE(device.lane({2, 0}) != nullptr);
+  char r = 0;
+  REQUIRE(write_all(go[1], "g", 1));
+  REQUIRE(read_all(up[0], &r, 1));  // the cell is held
+  int status = children.wait(holder);
+  CHECK((WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL));
+  REQUIRE(write_all(go2[1], "g", 1));
+  REQUIRE(read_all(up[0], &r, 1));  // task 2's packet is behind the held cell
+
+  Sink sink;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while ((sink.packets.empty() || sink.failed.empty()) && std::chrono::steady_clock::now() < deadline)
+    (void)device.progress(sink, 64);
+  REQUIRE(sink.packets.size() == 1);
+  CHECK(sink.packets[0].first == Endpoint{2, 0});
+  CHECK(sink.packets[0].second == "behind");
+  REQUIRE(sink.failed.size() == 1);
+  CHECK(sink.failed[0].first == Endpoint{1, 0});
+  CHECK(sink.failed[0].second == StatusCode::peer_failed);
+  CHECK(device.cells_skipped() == 1);
+  REQUIRE(write_all(go2[1], "g", 1));
+  status = children.wait(sender);
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  for (int fd : {up[0], up[1], go[0], go[1], go2[0], go2[1]}) ::close(fd);
 }
 
 TEST_CASE("kill -9 of either side leaves nothing in /dev/shm") {

@@ -99,7 +99,7 @@ struct Client::Impl {
         regions(0, task, u32(config, "AMI_MAX_REGIONS")),
         shm(task, size, o.contexts,
             shm::DomainOptions{u32(config, "AMI_SHM_RING_DEPTH"), u32(config, "AMI_SHM_CELL_SIZE"),
-                               config.flag("AMI_SHM_CMA")},
+                               config.flag("AMI_SHM_CMA"), u32(config, "AMI_SHM_STALL_TIMEOUT")},
             regions),
         self(task, o.contexts, u32(config, "AMI_SELF_QUEUE_DEPTH"), u32(config, "AMI_SELF_CELL_SIZE"),
              regions),

@@ -28,6 +28,9 @@ constexpr ParamSpec kTable[] = {
      "the ring in cache (message rate), large ones cut fewer packets (eager bandwidth)."},
     {"AMI_SHM_CMA", "on", ParamType::boolean, 0, 1,
      "PUT/GET between processes with one copy by process_vm_writev/readv; off copies through the rings."},
+    {"AMI_SHM_STALL_TIMEOUT", "1000", ParamType::unsigned_int, 1, 3600000,
+     "Milliseconds, once a peer on the host failed, that the next cell of a context's ring may stay "
+     "reserved but unwritten before it is skipped: a process that died holding it blocks the rest."},
     {"AMI_RANK", "0", ParamType::unsigned_int, 0, 0xFFFFFFFFu,
      "This process's rank in the job (when not started by a tool or a PMIx launcher)."},
     {"AMI_SIZE", "1", ParamType::unsigned_int, 1, 0xFFFFFFFFu,

@@ -133,14 +133,18 @@ class ReceptionQueue {
     }
   }
 
-  void commit(Reservation r, std::uint32_t length, Origin origin) {
+  // False if the consumer gave the cell up (give_up()) before it was
+  // committed: the packet is lost and the producer must say so.
+  [[nodiscard]] bool commit(Reservation r, std::uint32_t length, Origin origin) {
     r.cell->length = length;
     r.cell->origin_task = origin.task;
     r.cell->origin_context = origin.context;
     r.cell->kind = origin.kind;
-    r.cell->sequence.store(r.position + 1, std::memory_order_release);
+    std::uint64_t expected = free_mark(r.position);
+    return r.cell->sequence.compare_exchange_strong(expected, r.position + 1, std::memory_order_release,
+                                                    std::memory_order_relaxed);
   }
-  void discard(Reservation r) { commit(r, kDiscarded, {}); }
+  [[nodiscard]] bool discard(Reservation r) { return commit(r, kDiscarded, {}); }
 
   // Consumer side: the next committed cell's data, or an empty span. A
   // discarded cell is released and skipped.
@@ -161,6 +165,27 @@ class ReceptionQueue {
       out.origin = Origin{c->origin_task, c->origin_context, c->kind};
       return true;
     }
+  }
+  // Consumer side: whether the next cell is reserved but not committed, and
+  // its position. A producer holds a cell for a few instructions; one that
+  // holds it for long has most likely died there, and every cell behind it
+  // waits. Reads the producers' tail: not for every poll.
+  bool stalled(std::uint64_t& position) const {
+    position = consumed_;
+    return tail() > consumed_ && cell(consumed_)->sequence.load(std::memory_order_acquire) != consumed_ + 1;
+  }
+  // Consumer side: skips the stalled cell at position (stalled() said so),
+  // unless its producer commits it first. Its commit() then fails, so the
+  // cell is never written to after the consumer went past it. True if the
+  // cell was skipped.
+  bool give_up(std::uint64_t position) {
+    if (position != consumed_) return false;
+    std::uint64_t expected = free_mark(position);
+    if (!cell(position)->sequence.compare_exchange_strong(expected, position + 1, std::memory_order_acq_rel,
+                                                         std::memory_order_acquire))
+      return false;  // committed meanwhile: peek() delivers it
+    release();
+    return true;
   }
   // Cells reserved by producers and not yet released by the consumer: how
   // full the queue is, as the consumer sees it (a hint, not a promise).
@@ -202,6 +227,9 @@ class ReceptionQueue {
       : header_(h), cells_(reinterpret_cast<std::byte*>(h) + sizeof(Header)), depth_(h->depth),
         cell_bytes_(h->cell_bytes), consumed_(h->head.load(std::memory_order_acquire)),
         published_(consumed_) {}
+  // A cell's sequence while free for the producer of position pos: what the
+  // commit of the round before left there, or 0 from create().
+  std::uint64_t free_mark(std::uint64_t pos) const { return pos >= depth_ ? pos - depth_ + 1 : 0; }
   Cell* cell(std::uint64_t pos) const {
     return reinterpret_cast<Cell*>(cells_ + (pos & (depth_ - 1)) * cell_bytes_);
   }
