@@ -210,7 +210,7 @@ void Client::Impl::exchange_addresses(std::uint16_t n) {
   }
   boot->barrier();  // every task has mapped and connected what it will
   if (auto sockets = boot->peer_sockets(); !sockets.empty())
-    connections = std::make_unique<detail::ConnectionWatch>(std::move(sockets));
+    connections = std::make_unique<detail::ConnectionWatch>(std::move(sockets), task, size);
 }
 
 void Client::Impl::attach_peer(const AddressBlob& mine, const AddressBlob& peer) {

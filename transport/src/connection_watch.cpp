@@ -1,16 +1,21 @@
-// connection_watch.cpp — polling the bootstrap's connections for hang-ups.
+// connection_watch.cpp — polling the bootstrap's connections for hang-ups
+// and rank 0's notices.
 #include "connection_watch.hpp"
 
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 
 namespace ami::detail {
 
-ConnectionWatch::ConnectionWatch(std::vector<std::pair<std::uint32_t, int>> sockets) {
+ConnectionWatch::ConnectionWatch(std::vector<std::pair<std::uint32_t, int>> sockets, std::uint32_t self,
+                                 std::uint32_t tasks)
+    : self_(self), known_gone_(tasks, false) {
   for (const auto& [task, fd] : sockets) watched_.push_back({task, fd});
-  gone_.reserve(watched_.size());
+  gone_.reserve(tasks);
 }
 
 void ConnectionWatch::poll() {
@@ -25,18 +30,53 @@ void ConnectionWatch::poll() {
     if (w.closed) continue;
     pollfd f{w.fd, POLLIN | POLLRDHUP, 0};
     if (::poll(&f, 1, 0) != 1) continue;
-    bool closed = (f.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) != 0;
-    if (!closed && (f.revents & POLLIN) != 0) {
-      // Readable: the end of the stream, or bytes nobody should send now
-      // (left unread: they say nothing about the peer's life).
-      char byte;
-      closed = ::recv(w.fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
-    }
+    // Notices first: rank 0 may have sent some just before it ended.
+    bool closed = (f.revents & POLLIN) != 0 && !read_notices(w);
+    closed = closed || (f.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) != 0;
     if (!closed) continue;
     w.closed = true;
-    gone_.push_back(w.task);
-    count_.store(gone_.size(), std::memory_order_release);
+    record(w.task);
+    if (self_ == 0) tell_others(w.task);
   }
+}
+
+// Reads what the connection holds: whole notices are recorded, a part is
+// kept for the next look. Only rank 0 sends any, and only about other tasks.
+bool ConnectionWatch::read_notices(Watched& w) {
+  for (;;) {
+    const ssize_t n = ::recv(w.fd, w.partial.data() + w.have, kNoticeBytes - w.have, MSG_DONTWAIT);
+    if (n == 0) return false;
+    if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+    w.have += static_cast<std::size_t>(n);
+    if (w.have < kNoticeBytes) continue;
+    w.have = 0;
+    std::uint32_t magic = 0, task = 0;
+    std::memcpy(&magic, w.partial.data(), 4);
+    std::memcpy(&task, w.partial.data() + 4, 4);
+    if (magic != kNoticeMagic || w.task != 0 || task == 0 || task == self_ || task >= known_gone_.size()) {
+      bad_notices_.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    record(task);
+  }
+}
+
+void ConnectionWatch::record(std::uint32_t task) {
+  if (task >= known_gone_.size() || known_gone_[task]) return;
+  known_gone_[task] = true;
+  gone_.push_back(task);
+  count_.store(gone_.size(), std::memory_order_release);
+}
+
+// Rank 0: a notice to every other task still connected. Eight bytes into
+// a socket buffer that nothing else fills: should it not take them at once,
+// that task hears of the end through its own lanes, if ever it needs to.
+void ConnectionWatch::tell_others(std::uint32_t task) {
+  unsigned char notice[kNoticeBytes];
+  std::memcpy(notice, &kNoticeMagic, 4);
+  std::memcpy(notice + 4, &task, 4);
+  for (const Watched& w : watched_)
+    if (!w.closed && w.task != task) (void)::send(w.fd, notice, sizeof notice, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 std::uint32_t ConnectionWatch::gone(std::size_t i) const {

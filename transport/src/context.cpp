@@ -47,7 +47,7 @@ void ContextImpl::check_connections() {
     }
     for (std::uint16_t c = 0; c < contexts; ++c)
       engine.abandon_peer({s.task, c}, {StatusCode::peer_failed, "the peer's process ended (its bootstrap "
-                                                                 "connection closed)"});
+                                                                 "connection closed, here or at rank 0)"});
     return true;
   });
 }
