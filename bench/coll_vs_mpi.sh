@@ -42,6 +42,9 @@ check_mpi() {
     exit 1
   fi
   mpirun --version 2>/dev/null | grep -q 'Open MPI' || { echo "mpirun is not Open MPI's" >&2; exit 1; }
+  # (mpicc can be there without the headers it compiles against)
+  echo '#include <mpi.h>' | mpicc -E -x c - >/dev/null 2>&1 ||
+    { echo "mpicc finds no mpi.h: apt-get install -y libopenmpi-dev" >&2; exit 1; }
 }
 
 work=$(mktemp -d)
