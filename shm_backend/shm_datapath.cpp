@@ -172,9 +172,10 @@ std::size_t ShmDevice::tend_failed_lanes(device::PacketSink& sink) {
 // the failed lane's report (it waits for the ring to pass its cells). A cell
 // that stays so for AMI_SHM_STALL_TIMEOUT is skipped; should its producer
 // be alive after all, its commit fails and its lane to here fails with it.
-// (Its copy into the cell may still land after the cell was reused: the
-// price of not waiting forever, paid only by a producer that stalled for
-// the whole timeout between two instructions of a copy.)
+// (Its copy into the cell may still land after the cell was reused, and a
+// commit stalled between its look and its store is lost unseen — see
+// ReceptionQueue::commit: the price of not waiting forever, paid only by a
+// producer stalled for the whole timeout inside a few instructions.)
 void ShmDevice::skip_stalled_cell() {
   device::ReceptionQueue& own = domain_.own_queue(context_);
   std::uint64_t position = 0;
