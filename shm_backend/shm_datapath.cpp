@@ -152,8 +152,9 @@ std::size_t ShmDevice::tend_failed_lanes(device::PacketSink& sink) {
       if (domain_.dead(lane->peer().task)) fail_lane(*lane, kPeerExited);
     std::erase_if(responses_, [&](const GetResponse& r) { return domain_.dead(r.to.task); });
   }
+  // (A process can die holding a cell here before any lane to it exists.)
+  if ((failed_lanes_ != 0 || deaths_seen_ != 0) && (progress_calls_ & 255) == 0) skip_stalled_cell();
   if (failed_lanes_ == 0) return 0;
-  if ((progress_calls_ & 255) == 0) skip_stalled_cell();
   for (ShmLane* lane : active_) {
     if (lane->failure_.ok() || own.consumed() < lane->drain_to_) continue;
     auto& fifo = lane->fifo();
