@@ -18,6 +18,8 @@ ConnectionWatch::ConnectionWatch(std::vector<std::pair<std::uint32_t, int>> sock
   gone_.reserve(tasks);
 }
 
+// One poll() for every connection still open (rank 0 of a large job has
+// one per task); the ends it finds are told to the others in one write each.
 void ConnectionWatch::poll() {
   std::unique_lock lock(lock_, std::try_to_lock);
   if (!lock.owns_lock()) return;  // another context is looking
@@ -26,18 +28,28 @@ void ConnectionWatch::poll() {
                                .count();
   if (now < next_poll_ns_) return;
   next_poll_ns_ = now + 10'000'000;
+  fds_.clear();
+  open_.clear();
   for (Watched& w : watched_) {
     if (w.closed) continue;
-    pollfd f{w.fd, POLLIN | POLLRDHUP, 0};
-    if (::poll(&f, 1, 0) != 1) continue;
+    fds_.push_back({w.fd, POLLIN | POLLRDHUP, 0});
+    open_.push_back(&w);
+  }
+  if (fds_.empty() || ::poll(fds_.data(), fds_.size(), 0) <= 0) return;
+  ended_.clear();
+  for (std::size_t i = 0; i < fds_.size(); ++i) {
+    const short revents = fds_[i].revents;
+    if (revents == 0) continue;
+    Watched& w = *open_[i];
     // Notices first: rank 0 may have sent some just before it ended.
-    bool closed = (f.revents & POLLIN) != 0 && !read_notices(w);
-    closed = closed || (f.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) != 0;
+    bool closed = (revents & POLLIN) != 0 && !read_notices(w);
+    closed = closed || (revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) != 0;
     if (!closed) continue;
     w.closed = true;
     record(w.task);
-    if (self_ == 0) tell_others(w.task);
+    ended_.push_back(w.task);
   }
+  if (self_ == 0 && !ended_.empty()) tell_others();
 }
 
 // Reads what the connection holds: whole notices are recorded, a part is
@@ -68,15 +80,18 @@ void ConnectionWatch::record(std::uint32_t task) {
   count_.store(gone_.size(), std::memory_order_release);
 }
 
-// Rank 0: a notice to every other task still connected. Eight bytes into
-// a socket buffer that nothing else fills: should it not take them at once,
-// that task hears of the end through its own lanes, if ever it needs to.
-void ConnectionWatch::tell_others(std::uint32_t task) {
-  unsigned char notice[kNoticeBytes];
-  std::memcpy(notice, &kNoticeMagic, 4);
-  std::memcpy(notice + 4, &task, 4);
+// Rank 0: the notices of ended_ to every task still connected, in one
+// write. A few bytes into a socket buffer nothing else fills: should it not
+// take them all at once, that task hears of the ends through its own lanes,
+// if ever it needs to.
+void ConnectionWatch::tell_others() {
+  std::vector<unsigned char> notices(ended_.size() * kNoticeBytes);
+  for (std::size_t i = 0; i < ended_.size(); ++i) {
+    std::memcpy(notices.data() + i * kNoticeBytes, &kNoticeMagic, 4);
+    std::memcpy(notices.data() + i * kNoticeBytes + 4, &ended_[i], 4);
+  }
   for (const Watched& w : watched_)
-    if (!w.closed && w.task != task) (void)::send(w.fd, notice, sizeof notice, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (!w.closed) (void)::send(w.fd, notices.data(), notices.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 std::uint32_t ConnectionWatch::gone(std::size_t i) const {

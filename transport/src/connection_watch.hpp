@@ -17,6 +17,8 @@
 // taken). Under PMIx there are no such connections, and nothing to watch.
 #pragma once
 
+#include <poll.h>
+
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -54,7 +56,7 @@ class ConnectionWatch {
   };
   bool read_notices(Watched& w);  // false once the connection ended
   void record(std::uint32_t task);
-  void tell_others(std::uint32_t task);
+  void tell_others();  // rank 0: of ended_
 
   const std::uint32_t self_;
   mutable std::mutex lock_;
@@ -62,6 +64,9 @@ class ConnectionWatch {
   std::vector<bool> known_gone_;      // under lock_, by task
   std::vector<std::uint32_t> gone_;   // under lock_, in the order seen
   std::int64_t next_poll_ns_ = 0;     // under lock_
+  std::vector<pollfd> fds_;           // under lock_: poll()'s scratch
+  std::vector<Watched*> open_;        // under lock_: the connection of each of fds_
+  std::vector<std::uint32_t> ended_;  // under lock_: the ends one poll() found
   std::atomic<std::size_t> count_{0};
   std::atomic<std::uint64_t> bad_notices_{0};
 };
