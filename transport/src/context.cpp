@@ -22,9 +22,7 @@ std::int64_t now_ns() {
 
 }  // namespace
 
-void ContextImpl::check_connections() {
-  if (connections == nullptr) return;
-  if ((++checks & 63) != 0 && suspects.empty()) return;  // the common case: cheap
+void ContextImpl::look_at_connections() {
   const std::uint16_t contexts = client.context_count();
   auto heard_from = [&](std::uint32_t task) {
     std::uint64_t n = 0;

@@ -40,7 +40,11 @@ struct ContextImpl {
   // (every one of its endpoints) once it has been gone kGrace and one
   // whole check brought nothing more from it, so the packets it sent
   // before it ended are taken first, as on any other path.
-  void check_connections();
+  // Every 64th advance, or while a peer is suspect: the rest cost a test.
+  void check_connections() {
+    if (connections != nullptr && ((++checks & 63) == 0 || !suspects.empty())) look_at_connections();
+  }
+  void look_at_connections();
 
   Client& client;
   std::uint16_t index;
