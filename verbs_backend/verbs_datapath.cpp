@@ -1,6 +1,8 @@
 // verbs_backend/verbs_datapath.cpp — the per-message path: descriptors to
 // work requests, completions to the transfer counter, receive completions
 // to the protocol, receive buffers back to the SRQ. See verbs_device.hpp.
+#include <endian.h>
+
 #include <cstring>
 
 #include "verbs_backend/verbs_device.hpp"
@@ -90,22 +92,32 @@ bool VerbsDevice::prepare(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, ibv
   bool signal = false;
   if (d.kind == device::DescriptorKind::packet) {
     const device::PacketDescriptor& p = d.packet;
-    const std::uint64_t total = std::uint64_t{p.inline_len} + p.payload_len;
-    if (p.inline_len > device::kPacketInlineBytes || total > lane.max_packet_ ||
+    if (p.inline_len > device::kPacketInlineBytes || std::uint64_t{p.inline_len} + p.payload_len > lane.max_packet_ ||
         (p.payload == nullptr && p.payload_len != 0)) {
       refuse(lane, n, wr,
              {StatusCode::invalid_argument, "verbs: packet larger than the lane's max_packet()"});
       return true;
     }
+    // The compact form goes as a SEND with immediate, without its prefix.
+    const std::uint16_t skip =
+        domain_.options().immediate && p.compact_prefix <= p.inline_len ? p.compact_prefix : 0;
+    const std::byte* head = p.inline_data + skip;
+    const std::uint32_t head_len = p.inline_len - skip;
+    const std::uint64_t total = std::uint64_t{head_len} + p.payload_len;
     wr.opcode = IBV_WR_SEND;
+    if (skip != 0) {
+      wr.opcode = IBV_WR_SEND_WITH_IMM;
+      wr.imm_data = htobe32(p.immediate);
+      ++counters_.compact_sent;
+    }
     if (total <= domain_.port().max_inline) {
       wr.send_flags = IBV_SEND_INLINE;  // copied at post time: no key needed
-      add_sge(wr, p.inline_data, p.inline_len, 0);
+      add_sge(wr, head, head_len, 0);
       add_sge(wr, p.payload, p.payload_len, 0);
     } else if (p.payload_keyed) {
       // Registered payload (a rendezvous message, or one sent with its
       // Memory): sent from where it lies, no copy.
-      add_sge(wr, p.inline_data, p.inline_len, lane.slots_mr_->lkey);
+      add_sge(wr, head, head_len, lane.slots_mr_->lkey);
       add_sge(wr, p.payload, p.payload_len, p.payload_key);
     } else {
       std::byte* staged = nullptr;
@@ -114,7 +126,7 @@ bool VerbsDevice::prepare(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, ibv
         if (staged == nullptr) return false;
         std::memcpy(staged, p.payload, p.payload_len);
       }
-      add_sge(wr, p.inline_data, p.inline_len, lane.slots_mr_->lkey);
+      add_sge(wr, head, head_len, lane.slots_mr_->lkey);
       add_sge(wr, staged, p.payload_len, lane.staging_mr_->lkey);
     }
   } else {
@@ -306,7 +318,10 @@ void VerbsDevice::on_receive_completion(const ibv_wc& wc, device::PacketSink& si
     ++counters_.packets_received;
     const std::byte* bytes =
         queues_.receive_memory.get() + std::size_t{buffer} * domain_.options().bounce_bytes;
-    sink.on_packet(r->peer, {bytes, wc.byte_len});
+    if (wc.wc_flags & IBV_WC_WITH_IMM)
+      sink.on_compact_packet(r->peer, be32toh(wc.imm_data), {bytes, wc.byte_len});
+    else
+      sink.on_packet(r->peer, {bytes, wc.byte_len});
   } else {
     ++counters_.dropped;
   }

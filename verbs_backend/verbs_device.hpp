@@ -126,6 +126,7 @@ class VerbsDevice final : public device::Device {
     std::uint64_t probes = 0;            // retire probes posted
     std::uint64_t lone_signalled = 0;    // lone WRs signalled (ping-pong), included in signalled
     std::uint64_t refused = 0;           // descriptors refused before the wire
+    std::uint64_t compact_sent = 0;      // packets sent in their compact form (SEND with immediate)
     std::uint64_t packets_received = 0;
     std::uint64_t receive_errors = 0;
     std::uint64_t dropped = 0;  // receive completions from an unknown QP

@@ -50,6 +50,7 @@ struct VerbsOptions {
   std::optional<std::uint32_t> max_inline;   // unset: the most the device takes (probed at the first QP); 0: never inline
   ibv_mtu mtu_cap = IBV_MTU_4096;            // path MTU at most this (and the port's active MTU)
   std::optional<bool> use_rdma_cm;           // unset: rdma_cm on RoCE, address exchange on InfiniBand
+  bool immediate = true;                     // packets with a compact form go as SEND with immediate
   std::uint32_t staging_bytes = 64 * 1024;   // per lane: registered ring packet payloads are copied into
   std::uint32_t connect_timeout_ms = 30000;  // rdma_cm: for all lanes to one peer
   // Transport retries before IBV_WC_RETRY_EXC_ERR. Not 7: soft-RoCE takes 7

@@ -102,6 +102,7 @@ class AmEngine final : public device::PacketSink {
   std::size_t advance();
 
   void on_packet(Endpoint origin, std::span<const std::byte> bytes) override;
+  void on_compact_packet(Endpoint origin, std::uint32_t immediate, std::span<const std::byte> rest) override;
   void on_lane_failed(Endpoint peer, Status why) override;
 
  private:
@@ -216,6 +217,8 @@ class AmEngine final : public device::PacketSink {
   void register_send(Request& r, const SendParams& p);
 
   // receiving (am_receive.cpp)
+  // A decoded packet from origin, whatever form it came in.
+  void handle(Endpoint origin, const wire::PacketView& v);
   void on_first(Peer& peer, const wire::PacketView& v);
   void on_more(Peer& peer, const wire::PacketView& v);
   void on_ack(Peer& peer, const wire::PacketView& v);

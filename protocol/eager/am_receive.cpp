@@ -62,6 +62,19 @@ void AmEngine::on_packet(Endpoint origin, std::span<const std::byte> bytes) {
     count_malformed(static_cast<std::size_t>(e) - 1);
     return;
   }
+  handle(origin, v);
+}
+
+void AmEngine::on_compact_packet(Endpoint origin, std::uint32_t immediate, std::span<const std::byte> rest) {
+  wire::PacketView v;
+  if (wire::DecodeError e = wire::decode_compact(immediate, rest, v); e != wire::DecodeError::none) {
+    count_malformed(static_cast<std::size_t>(e) - 1);
+    return;
+  }
+  handle(origin, v);
+}
+
+void AmEngine::handle(Endpoint origin, const wire::PacketView& v) {
   Peer* peer = peer_for(origin);
   if (peer == nullptr || lane_for(*peer) == nullptr) {
     count_malformed(kBadOrigin);

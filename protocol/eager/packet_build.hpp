@@ -20,6 +20,7 @@ inline void finish_packet(device::Descriptor& d, std::size_t n, std::span<const 
                    const device::Registration* key = nullptr) {
   d.kind = device::DescriptorKind::packet;
   device::PacketDescriptor& p = d.packet;
+  p.compact_prefix = 0;
   p.payload_keyed = key != nullptr;
   p.payload_key = key != nullptr ? key->local_key : 0;
   if (n + payload.size() <= device::kPacketInlineBytes) {
@@ -45,6 +46,8 @@ inline void build_short(device::Descriptor& d, std::uint16_t dispatch, std::span
                  std::span<const std::byte> payload, const device::Registration* key = nullptr) {
   const auto n = static_cast<std::uint32_t>(payload.size());
   finish_packet(d, wire::encode_short(dispatch, n, user_header, d.packet.inline_data), payload, key);
+  d.packet.compact_prefix = wire::kShortHeaderBytes;
+  d.packet.immediate = wire::compact_short(dispatch, static_cast<std::uint16_t>(user_header.size()));
 }
 
 }  // namespace ami::protocol

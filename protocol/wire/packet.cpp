@@ -2,6 +2,7 @@
 #include "packet.hpp"
 
 #include <cstring>
+#include <limits>
 
 namespace ami::wire {
 
@@ -109,6 +110,30 @@ DecodeError decode(std::span<const std::byte> packet, PacketView& out) {
   out.user_header = packet.subspan(sizeof h, h.header_len);
   out.rendezvous = packet.subspan(sizeof h + h.header_len, extra);
   out.payload = packet.subspan(sizeof h + h.header_len + extra, h.payload_len);
+  return DecodeError::none;
+}
+
+namespace {
+// Immediate: tag (bits 31..24), user header bytes (23..16), dispatch (15..0).
+constexpr std::uint32_t kCompactTag = 0xA0u | kVersion;
+}  // namespace
+
+std::uint32_t compact_short(std::uint16_t dispatch, std::uint16_t header_len) {
+  return kCompactTag << 24 | std::uint32_t{header_len & 0xFFu} << 16 | dispatch;
+}
+
+DecodeError decode_compact(std::uint32_t immediate, std::span<const std::byte> rest, PacketView& out) {
+  if (immediate >> 24 != kCompactTag) return DecodeError::bad_magic;
+  const std::uint16_t header_len = (immediate >> 16) & 0xFFu;
+  if (header_len > kMaxUserHeader || header_len > rest.size() ||
+      rest.size() - header_len > std::numeric_limits<std::uint32_t>::max())
+    return DecodeError::bad_length;
+  const auto payload_len = static_cast<std::uint32_t>(rest.size() - header_len);
+  out.header = make_header(PacketType::am_short, static_cast<std::uint16_t>(immediate & 0xFFFFu), 0, payload_len,
+                           0, payload_len, header_len);
+  out.user_header = rest.first(header_len);
+  out.rendezvous = {};
+  out.payload = rest.subspan(header_len);
   return DecodeError::none;
 }
 

@@ -123,6 +123,16 @@ std::size_t encode(const PacketHeader& header, std::span<const std::byte> user_h
 std::size_t encode_short(std::uint16_t dispatch, std::uint32_t payload_len,
                          std::span<const std::byte> user_header, std::byte* out);
 
+// The compact form of an am_short (device::PacketDescriptor::compact_prefix),
+// for a device that sends a 32-bit immediate with a packet: the immediate
+// stands for the short header (a tag with the version, the user header's
+// length, the dispatch id) and the packet carries the user header and the
+// payload only: a 4096-byte message fills one 4096-byte MTU frame, not two.
+std::uint32_t compact_short(std::uint16_t dispatch, std::uint16_t header_len);
+// Checks the immediate as decode() checks a short header (a wrong tag is
+// bad_magic) and fills out as decode() would for the whole packet.
+DecodeError decode_compact(std::uint32_t immediate, std::span<const std::byte> rest, PacketView& out);
+
 PacketHeader make_header(PacketType type, std::uint16_t dispatch, std::uint64_t message_id,
                          std::uint64_t total_len, std::uint64_t offset,
                          std::uint32_t payload_len, std::uint16_t header_len,

@@ -2,7 +2,10 @@
 // packets from one peer into an engine (self backend, a handler that takes
 // every message into a buffer, a registration cache for the rendezvous),
 // with a sender engine alongside so acks, stops and cts/fin meet live
-// requests too. The input is cut into packets by a 2-byte length prefix.
+// requests too. The input is cut into packets by a 2-byte length prefix;
+// every third packet also goes in compact form (its first 4 bytes as the
+// immediate, the rest as what followed it, as verbs delivers a SEND with
+// immediate).
 // What must hold: no crash or sanitizer report; a packet the decoder
 // refuses is counted as malformed and never dispatched.
 #include <cstddef>
@@ -84,6 +87,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       const std::uint64_t before = r.sa.malformed_packets;
       r.ea.on_packet({0, 1}, packet);
       if (!valid && r.sa.malformed_packets != before + 1) __builtin_trap();
+    }
+    if (packet.size() >= 4 && packet.size() % 3 == 0) {
+      std::uint32_t imm;
+      std::memcpy(&imm, packet.data(), sizeof imm);
+      const bool compact_valid = wire::decode_compact(imm, packet.subspan(4), view) == wire::DecodeError::none;
+      const std::uint64_t before = r.sb.malformed_packets;
+      r.eb.on_compact_packet({0, 0}, imm, packet.subspan(4));
+      if (!compact_valid && r.sb.malformed_packets != before + 1) __builtin_trap();
     }
     (void)r.ea.advance();
     (void)r.eb.advance();

@@ -382,6 +382,9 @@ struct Sink final : ami::device::PacketSink {
   void on_packet(Endpoint origin, std::span<const std::byte> bytes) override {
     packets.emplace_back(origin, std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
   }
+  // shm carries no immediates: every packet comes whole.
+  void on_compact_packet(Endpoint, std::uint32_t, std::span<const std::byte>) override { ++compact; }
+  int compact = 0;
   void on_lane_failed(Endpoint peer, Status why) override { failed.emplace_back(peer, why); }
 };
 
@@ -472,6 +475,7 @@ TEST_CASE("a process killed while holding a cell of a peer's ring: the ring goes
   while (sink.packets.empty() && std::chrono::steady_clock::now() < deadline) (void)device.progress(sink, 64);
   REQUIRE(sink.packets.size() == 1);
   CHECK(sink.packets[0].first == Endpoint{2, 0});
+  CHECK(sink.compact == 0);
   CHECK(sink.packets[0].second == "behind");
   // A lane to the dead task, made now (as the engine does for a send),
   // fails at once: the ring has passed its cell.

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -56,10 +57,14 @@ struct Sink final : ami::device::PacketSink {
   struct Packet {
     Endpoint origin;
     std::vector<std::byte> bytes;
+    std::optional<std::uint32_t> immediate;  // sent in its compact form
   };
   std::vector<Packet> packets;
   void on_packet(Endpoint origin, std::span<const std::byte> bytes) override {
-    packets.push_back({origin, {bytes.begin(), bytes.end()}});
+    packets.push_back({origin, {bytes.begin(), bytes.end()}, std::nullopt});
+  }
+  void on_compact_packet(Endpoint origin, std::uint32_t immediate, std::span<const std::byte> rest) override {
+    packets.push_back({origin, {rest.begin(), rest.end()}, immediate});
   }
   std::vector<std::pair<Endpoint, Status>> failed;
   void on_lane_failed(Endpoint peer, Status why) override { failed.emplace_back(peer, why); }
@@ -162,10 +167,12 @@ struct Pair {
 };
 
 bool post_packet(Lane& lane, std::span<const std::byte> header, std::span<const std::byte> payload,
-                 Callback cb = {}) {
+                 Callback cb = {}, std::uint16_t compact_prefix = 0, std::uint32_t immediate = 0) {
   Descriptor* d = lane.fifo().try_reserve();
   if (d == nullptr) return false;
   d->kind = DescriptorKind::packet;
+  d->packet.compact_prefix = compact_prefix;
+  d->packet.immediate = immediate;
   d->packet.inline_len = static_cast<std::uint16_t>(header.size());
   if (!header.empty()) std::memcpy(d->packet.inline_data, header.data(), header.size());
   d->packet.payload = payload.data();
@@ -331,6 +338,62 @@ TEST_CASE("active-message packets both ways, byte for byte, across sizes and ali
   }
   CHECK(p.device(0).counters().dropped == 0);
   CHECK(p.device(1).counters().receive_errors == 0);
+}
+
+TEST_CASE("a packet's compact form goes as a SEND with immediate, without its prefix") {
+  for (const bool enabled : {true, false}) {
+    CAPTURE(enabled);
+    VerbsOptions o = base_options();
+    o.immediate = enabled;
+    Pair p(o);
+    const std::size_t max = p.lane(0).max_packet();
+    std::vector<std::byte> source(max);
+    for (std::size_t i = 0; i < source.size(); ++i) source[i] = pattern(i, 5);
+    struct Sent {
+      std::size_t header, prefix, payload;
+    };
+    // Inline and not, an empty rest, a whole bounce buffer, no compact form.
+    const Sent sent[] = {{16, 16, 0}, {16, 16, 2}, {20, 16, 100}, {16, 16, 4096},
+                         {144, 16, 4096}, {16, 16, max - 16}, {16, 0, 64}, {40, 40, 7}};
+    Lane& lane = p.lane(0);
+    Sink& sink = p.sink(1);
+    std::size_t next = 0;
+    REQUIRE(p.run_until([&] {
+      for (; next < std::size(sent); ++next) {
+        const Sent& s = sent[next];
+        std::vector<std::byte> header(s.header);
+        for (std::size_t i = 0; i < s.header; ++i) header[i] = pattern(i, 17 + static_cast<unsigned>(next));
+        const auto imm = static_cast<std::uint32_t>(0xA5000000u + next);
+        if (!post_packet(lane, header, std::span(source).first(s.payload), {},
+                         static_cast<std::uint16_t>(s.prefix), imm))
+          break;
+      }
+      lane.ring();
+      return sink.packets.size() == std::size(sent);
+    }));
+    std::uint64_t compact = 0;
+    for (std::size_t k = 0; k < std::size(sent); ++k) {
+      CAPTURE(k);
+      const Sent& s = sent[k];
+      const auto& got = sink.packets[k];
+      const std::size_t skip = enabled ? s.prefix : 0;
+      if (skip != 0) {
+        ++compact;
+        REQUIRE(got.immediate.has_value());
+        CHECK(*got.immediate == 0xA5000000u + k);
+      } else {
+        CHECK_FALSE(got.immediate.has_value());
+      }
+      REQUIRE(got.bytes.size() == s.header - skip + s.payload);
+      bool same = true;
+      for (std::size_t i = skip; i < s.header; ++i)
+        same = same && got.bytes[i - skip] == pattern(i, 17 + static_cast<unsigned>(k));
+      if (s.payload != 0)
+        same = same && std::memcmp(got.bytes.data() + s.header - skip, source.data(), s.payload) == 0;
+      CHECK(same);
+    }
+    CHECK(p.device(0).counters().compact_sent == compact);
+  }
 }
 
 TEST_CASE("PUT and GET with registered regions") {

@@ -1,6 +1,7 @@
 // The wire decoder: every malformed header is rejected with its reason.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -144,4 +145,32 @@ TEST_CASE("a short packet: header of 16 bytes, whole message, nothing to answer"
   std::vector<std::byte> flagged = p;
   flagged[6] = std::byte{kWantsRemoteDone};  // flags live at bytes 6..7
   CHECK(decode(flagged, v) == DecodeError::bad_flags);
+}
+
+TEST_CASE("a short packet's compact form: the immediate stands for the short header") {
+  const std::byte user[4] = {std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4}};
+  std::vector<std::byte> whole(kShortHeaderBytes + 4 + 8);
+  for (std::size_t i = 0; i < 8; ++i) whole[kShortHeaderBytes + 4 + i] = std::byte(0x40 + i);
+  REQUIRE(encode_short(300, 8, user, whole.data()) == kShortHeaderBytes + 4);
+  PacketView a, b;
+  REQUIRE(decode(whole, a) == DecodeError::none);
+  const std::uint32_t imm = compact_short(300, 4);
+  const auto rest = std::span(whole).subspan(kShortHeaderBytes);
+  REQUIRE(decode_compact(imm, rest, b) == DecodeError::none);
+  // The same view as the whole packet's.
+  CHECK(std::memcmp(&a.header, &b.header, sizeof a.header) == 0);
+  CHECK(std::ranges::equal(a.user_header, b.user_header));
+  CHECK(std::ranges::equal(a.payload, b.payload));
+  CHECK(b.rendezvous.empty());
+  // Nothing but the immediate: an empty message with no user header.
+  REQUIRE(decode_compact(compact_short(0, 0), {}, b) == DecodeError::none);
+  CHECK(b.type() == PacketType::am_short);
+  CHECK(b.payload.empty());
+
+  CHECK(decode_compact(imm ^ 0x80000000u, rest, b) == DecodeError::bad_magic);  // tag or version
+  CHECK(decode_compact(compact_short(300, 13), rest, b) == DecodeError::bad_length);  // longer than what came
+  CHECK(decode_compact(compact_short(300, kMaxUserHeader + 1), std::span(whole).first(0), b) ==
+        DecodeError::bad_length);
+  std::vector<std::byte> big(kMaxUserHeader + 2);
+  CHECK(decode_compact(compact_short(1, kMaxUserHeader + 1), big, b) == DecodeError::bad_length);
 }

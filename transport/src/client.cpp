@@ -79,6 +79,7 @@ verbs::VerbsOptions verbs_options(const Config& c) {
   v.bounce_bytes = u32(c, "AMI_VERBS_BOUNCE_SIZE");
   if (auto inline_bytes = c.number_or_auto("AMI_VERBS_MAX_INLINE"))
     v.max_inline = static_cast<std::uint32_t>(*inline_bytes);
+  v.immediate = c.number("AMI_VERBS_IMMEDIATE") != 0;
   v.timeout = static_cast<std::uint8_t>(c.number("AMI_VERBS_TIMEOUT"));
   v.retry_count = static_cast<std::uint8_t>(c.number("AMI_VERBS_RETRY_COUNT"));
   return v;

@@ -75,6 +75,10 @@ constexpr ParamSpec kTable[] = {
     {"AMI_VERBS_MAX_INLINE", "auto", ParamType::unsigned_int, 0, 65536,
      "Bytes a send carries inline in its work request: auto (the most the device takes) or a "
      "number, 0 for never.", true},
+    {"AMI_VERBS_IMMEDIATE", "on", ParamType::boolean, 0, 1,
+     "Send a whole small message as a SEND with immediate: the immediate stands for its short "
+     "header, so 4096 bytes fill one 4096-byte MTU frame, not two (off: the header travels in "
+     "the packet)."},
     {"AMI_VERBS_TIMEOUT", "14", ParamType::unsigned_int, 1, 31,
      "RC local ACK timeout: 4.096 us x 2^value before a send is retried (14: 67 ms)."},
     {"AMI_VERBS_RETRY_COUNT", "6", ParamType::unsigned_int, 0, 6,

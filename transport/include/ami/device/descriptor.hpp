@@ -27,6 +27,13 @@ struct PacketDescriptor {
   // lkey): a device may send it from there instead of copying it first.
   bool payload_keyed = false;
   std::uint32_t payload_key = 0;
+  // The packet's compact form, for a device that carries a 32-bit immediate
+  // with a packet (verbs: SEND with immediate): it may leave out the first
+  // compact_prefix inline bytes and send `immediate` instead; the receiving
+  // device hands what arrived and the immediate to
+  // PacketSink::on_compact_packet. 0: the packet has no compact form.
+  std::uint16_t compact_prefix = 0;
+  std::uint32_t immediate = 0;
   alignas(8) std::byte inline_data[kPacketInlineBytes];
 };
 

@@ -26,6 +26,9 @@ namespace ami::device {
 class PacketSink {
  public:
   virtual void on_packet(Endpoint origin, std::span<const std::byte> bytes) = 0;
+  // A packet sent in its compact form (PacketDescriptor::compact_prefix):
+  // rest is what followed the prefix, immediate stands for the prefix.
+  virtual void on_compact_packet(Endpoint origin, std::uint32_t immediate, std::span<const std::byte> rest) = 0;
   // The lane to peer broke for good (its process died, its QP went into
   // error): called once, inside progress(), after the device completed
   // every descriptor still in the lane's FIFO with an error. why names it.
