@@ -265,10 +265,13 @@ bool AmEngine::inject_send(Peer& peer, Request& r) {
     if (d == nullptr) return false;
     const std::size_t hdr = r.started ? 0 : r.header_len;
     const std::size_t info = (!r.started && r.rndv) ? wire::RendezvousInfo::kBytes : 0;
-    std::uint64_t room = lane.max_packet() - kWireHeader - hdr - info;
+    const std::uint64_t overhead = kWireHeader + hdr + info;
+    std::uint64_t room = lane.max_packet() - overhead;
     if (r.rndv) {
+      // The packet, headers included, is the growing size: a power of two,
+      // so it fills whole MTU frames.
       const std::uint64_t first = std::max<std::uint64_t>(kFirstEager, lane.max_packet() / 4);
-      room = std::min(room, first << std::min<std::uint32_t>(r.packets, 40));
+      room = std::min(room, (first << std::min<std::uint32_t>(r.packets, 40)) - overhead);
     }
     const auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>(room, r.total - r.sent));
     if (r.started) {

@@ -11,6 +11,7 @@
 #include "ami/device/region_table.hpp"
 #include "protocol/eager/am_engine.hpp"
 #include "protocol/rndv/policy.hpp"
+#include "protocol/wire/packet.hpp"
 #include "transport/self/self_device.hpp"
 #include "transport/src/registration_cache.hpp"
 
@@ -215,7 +216,11 @@ struct Rig {
     CHECK(ca.in_use() == 0);
     CHECK(cb.in_use() == 0);
   }
-  std::uint64_t first_payload() const { return 512; }  // eager packets start at 512 bytes
+  // Eager packets start at 512 bytes, headers included; the first carries
+  // the rendezvous info too.
+  std::uint64_t first_payload() const {
+    return 512 - sizeof(ami::wire::PacketHeader) - ami::wire::RendezvousInfo::kBytes;
+  }
 };
 
 const Mode kModes[] = {Mode::discard_get, Mode::split_get, Mode::stop_put};
