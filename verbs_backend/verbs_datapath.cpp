@@ -314,6 +314,10 @@ void VerbsDevice::on_receive_completion(const ibv_wc& wc, device::PacketSink& si
     ++counters_.receive_errors;
     log("receive completion on QP 0x%06x: %s (vendor error 0x%x)", wc.qp_num, ibv_wc_status_str(wc.status),
         wc.vendor_err);
+  } else if (wc.opcode != IBV_WC_RECV || wc.byte_len > domain_.options().bounce_bytes) {
+    // An RDMA WRITE with immediate took this receive: its bytes went
+    // elsewhere (and its length is the peer's to choose). ami sends none.
+    ++counters_.dropped;
   } else if (const ContextQueues::Route* r = queues_.route(wc.qp_num)) {
     ++counters_.packets_received;
     const std::byte* bytes =

@@ -129,7 +129,7 @@ class VerbsDevice final : public device::Device {
     std::uint64_t compact_sent = 0;      // packets sent in their compact form (SEND with immediate)
     std::uint64_t packets_received = 0;
     std::uint64_t receive_errors = 0;
-    std::uint64_t dropped = 0;  // receive completions from an unknown QP
+    std::uint64_t dropped = 0;  // receive completions from an unknown QP, or not for a SEND
     std::uint64_t receives_reposted = 0;
     std::uint64_t staging_stalls = 0;  // ring() stopped by a full staging ring
   };

@@ -4,6 +4,7 @@
 // driven from one thread. verbs_main.cpp skips it where no port is active.
 #include <doctest/doctest.h>
 
+#include <endian.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
 
@@ -648,6 +649,33 @@ TEST_CASE("a dead peer: transport retries run out and the operation fails") {
   CHECK(std::string(r.calls[0].status.what()).find(ibv_wc_status_str(IBV_WC_RETRY_EXC_ERR)) !=
         std::string::npos);
   CHECK(r.calls[1].status == StatusCode::peer_failed);
+}
+
+TEST_CASE("an RDMA WRITE with immediate from the peer takes a receive but is never read as a packet") {
+  Pair p;
+  constexpr std::size_t kBytes = 20000;  // longer than a receive buffer
+  Region a(p.t[0]->domain, kBytes, 1), b(p.t[1]->domain, kBytes, 2);
+  ibv_sge sge{reinterpret_cast<std::uintptr_t>(a.memory.data()), static_cast<std::uint32_t>(kBytes), a.lkey};
+  ibv_send_wr wr{};
+  wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;  // not something ami sends: as a hostile or foreign peer would
+  wr.imm_data = htobe32(0xA2000001u);      // even an immediate that looks like a compact packet's
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.wr.rdma.remote_addr = b.key.address;
+  wr.wr.rdma.rkey = b.rkey;
+  ibv_send_wr* bad = nullptr;
+  auto* lane = static_cast<ami::verbs::VerbsLane*>(&p.lane(0));
+  REQUIRE(ibv_post_send(lane->qp(), &wr, &bad) == 0);  // unsignalled: no completion for the device
+  REQUIRE(p.run_until([&] { return p.device(1).counters().dropped == 1; }));
+  CHECK(p.sink(1).packets.empty());
+  CHECK(std::memcmp(a.memory.data(), b.memory.data(), kBytes) == 0);  // the data went where the WRITE said
+  // The lane carries on.
+  const std::byte payload[5] = {std::byte{1}, std::byte{2}, std::byte{3}, std::byte{4}, std::byte{5}};
+  REQUIRE(post_packet(p.lane(0), std::span(payload), {}));
+  p.lane(0).ring();
+  REQUIRE(p.run_until([&] { return p.sink(1).packets.size() == 1; }));
+  CHECK(p.sink(1).packets[0].bytes.size() == 5);
+  CHECK(p.device(1).counters().receive_errors == 0);
 }
 
 TEST_CASE("a descriptor the device refuses fails alone; the lane carries on") {
