@@ -208,17 +208,30 @@ Status AmEngine::rdma(device::DescriptorKind kind, const RdmaParams& p, std::byt
   if (!peer->failure.ok())
     return {StatusCode::peer_failed, kind == device::DescriptorKind::put ? "put: the endpoint's peer failed"
                                                                          : "get: the endpoint's peer failed"};
+  const device::RdmaDescriptor x{.local = local, .length = p.bytes, .local_key = local_key,
+                                 .remote_address = p.remote.address + p.remote_offset, .remote = p.remote};
+  ++(kind == device::DescriptorKind::put ? stats_.puts : stats_.gets);
+  if (kind == device::DescriptorKind::put && !p.local_done && peer->head == nullptr) {
+    // Nobody waits for it: straight into the FIFO, no request, no callback.
+    if (device::Descriptor* d = peer->lane->fifo().try_reserve()) {
+      d->kind = kind;
+      d->rdma = x;
+      peer->lane->fifo().commit();
+      peer->lane->ring();
+      return Status::success();
+    }
+  }
   Request* r = acquire();
-  if (r == nullptr) return {StatusCode::no_resource, "rdma: every request (AMI_MAX_REQUESTS) is in use"};
+  if (r == nullptr) {
+    --(kind == device::DescriptorKind::put ? stats_.puts : stats_.gets);
+    return {StatusCode::no_resource, "rdma: every request (AMI_MAX_REQUESTS) is in use"};
+  }
   r->kind = Request::Kind::rdma;
   r->rdma_kind = kind;
-  r->rdma = device::RdmaDescriptor{.local = local, .length = p.bytes, .local_key = local_key,
-                                   .remote_address = p.remote.address + p.remote_offset,
-                                   .remote = p.remote};
+  r->rdma = x;
   r->local_done = p.local_done;
   r->local_pending = true;
   enqueue(*peer, *r);
-  ++(kind == device::DescriptorKind::put ? stats_.puts : stats_.gets);
   return Status::success();
 }
 
