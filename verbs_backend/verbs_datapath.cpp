@@ -152,16 +152,16 @@ bool VerbsDevice::prepare(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, ibv
   // Signal every signal_interval-th WR, the one after which the FIFO has no
   // free slot (its completion is what frees one), and one after which a
   // quarter of the staging ring waits on unsignalled WRs. And a WR posted
-  // alone while no signalled one is in flight (ping-pong traffic): left
-  // unsignalled it would wait for a later WR or a probe, and soft-RoCE, at
-  // least, delays unsignalled WRs' round trips. Streams keep one completion
-  // per signal_interval.
+  // alone while no signalled one is in flight (ping-pong traffic) when a
+  // callback waits: left unsignalled it would wait for a later WR or a
+  // probe. Streams keep one completion per signal_interval, and a WR nobody
+  // waits for (send_immediate, a PUT without local_done) costs none.
   ++lane.unsignalled_;
   signal = signal || lane.unsignalled_ >= domain_.options().signal_interval ||
            n + 1 - fifo.counter().snapshot() >= fifo_depth_ ||
            lane.staging_head_ - lane.staging_signalled_ >= lane.staging_size_ / 4;
   const bool lone = !signal && n == lane.posted_ && n + 1 == fifo.injected() &&
-                    fifo.counter().snapshot() >= lane.retire_target_;
+                    fifo.counter().snapshot() >= lane.retire_target_ && fifo.pending_callbacks() != 0;
   if (lone) ++counters_.lone_signalled;
   if (signal || lone) mark_signalled(lane, wr, n);
   return true;
