@@ -68,11 +68,16 @@ device::Lane* AmEngine::lane_for(Peer& peer) {
   return nullptr;
 }
 
+namespace {
+std::size_t immediate_bytes(const device::Lane& lane) {
+  return std::min(lane.max_packet(), device::kPacketInlineBytes) - kShortHeader;
+}
+}  // namespace
+
 std::size_t AmEngine::immediate_limit(Endpoint dest) {
   Peer* peer = peer_for(dest);
   device::Lane* lane = peer ? lane_for(*peer) : nullptr;
-  if (lane == nullptr) return 0;
-  return std::min(lane->max_packet(), device::kPacketInlineBytes) - kShortHeader;
+  return lane != nullptr ? immediate_bytes(*lane) : 0;
 }
 
 std::string_view AmEngine::backend_for(Endpoint dest) {
@@ -107,7 +112,7 @@ Status AmEngine::send_immediate(const SendImmediateParams& p) {
   Peer& peer = *peer_for(p.dest);
   device::Lane* lane = lane_for(peer);
   if (lane == nullptr) return {StatusCode::unreachable, "send_immediate: no backend reaches the endpoint"};
-  if (p.header.size() + p.payload.size() > immediate_limit(p.dest))
+  if (p.header.size() + p.payload.size() > immediate_bytes(*lane))
     return {StatusCode::invalid_argument, "send_immediate: header + payload exceed immediate_limit()"};
   if (peer.head != nullptr)
     return {StatusCode::no_resource, "send_immediate: earlier instructions to the endpoint are queued"};

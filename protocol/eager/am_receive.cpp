@@ -107,7 +107,9 @@ void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {
     count_malformed(kOutOfSequence);
     complete_rx(peer, {StatusCode::malformed_packet, "message cut short by a new one from its origin"});
   }
-  rx = Reassembly{};  // a stopped message before this one has no eager packets left
+  // A stopped message before this one has no eager packets left. (An idle
+  // record stays as it is: nothing reads it until a message starts in it.)
+  if (rx.active || rx.stopped != nullptr) rx = Reassembly{};
   wire::RendezvousInfo source;
   const bool rndv = (v.header.flags & wire::kRendezvous) != 0;
   if (rndv && !wire::RendezvousInfo::decode(v.rendezvous, v.header.total_len, source)) {
