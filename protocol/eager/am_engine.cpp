@@ -216,12 +216,14 @@ Status AmEngine::rdma(device::DescriptorKind kind, const RdmaParams& p, std::byt
   const device::RdmaDescriptor x{.local = local, .length = p.bytes, .local_key = local_key,
                                  .remote_address = p.remote.address + p.remote_offset, .remote = p.remote};
   ++(kind == device::DescriptorKind::put ? stats_.puts : stats_.gets);
-  if (kind == device::DescriptorKind::put && !p.local_done && peer->head == nullptr) {
-    // Nobody waits for it: straight into the FIFO, no request, no callback.
+  if (peer->head == nullptr) {
+    // Nothing queued before it: straight into the FIFO, no request; the
+    // user's callback (if any) is listed directly, as a short send's is.
     if (device::Descriptor* d = peer->lane->fifo().try_reserve()) {
       d->kind = kind;
       d->rdma = x;
-      peer->lane->fifo().commit();
+      peer->lane->fifo().commit(p.local_done);
+      if (kind == device::DescriptorKind::get) peer->last_get = peer->lane->fifo().injected();
       peer->lane->ring();
       return Status::success();
     }
