@@ -9,6 +9,8 @@
 #include <functional>
 #include <cstring>
 #include <numeric>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -87,6 +89,23 @@ struct Counter {
   Callback cb() { return {&Counter::fn, this}; }
 };
 
+// What a context did, for the log of a test that timed out waiting.
+std::string progress(const char* name, const Context& c) {
+  const ContextStats& s = c.stats();
+  std::ostringstream o;
+  o << name << ": sent " << s.messages_sent << " msgs/" << s.packets_sent << " pkts/" << s.bytes_sent
+    << " B, received " << s.messages_received << "/" << s.packets_received << "/" << s.bytes_received
+    << " B, queued " << s.queued << ", puts " << s.puts << ", gets " << s.gets << "; rndv sent "
+    << s.rndv_sent << " stopped " << s.rndv_stopped << " decisions " << s.rndv_decisions << " stops "
+    << s.rndv_stops_by_mode[0] << "/" << s.rndv_stops_by_mode[1] << "/" << s.rndv_stops_by_mode[2]
+    << " get " << s.rndv_get_bytes << " B put " << s.rndv_put_bytes << " B late " << s.rndv_late_bytes
+    << " B eager-complete " << s.rndv_eager_complete << "; acks sent " << s.acks_sent << " received "
+    << s.acks_received << " (messages " << s.messages_acked << "/" << s.messages_ack_received
+    << "), remote-done " << s.remote_done_sent << "/" << s.remote_done_received << ", malformed "
+    << s.malformed_packets << ", peers failed " << s.peers_failed;
+  return o.str();
+}
+
 // A deadline, not a count of rounds: a 64 MiB rendezvous on soft-RoCE in an
 // emulated VM takes many more rounds than a small message on self.
 void advance_until(Context& a, Context& b, const std::function<bool()>& done) {
@@ -96,6 +115,10 @@ void advance_until(Context& a, Context& b, const std::function<bool()>& done) {
       (void)a.advance();
       (void)b.advance();
     }
+  if (!done()) {
+    MESSAGE(progress("a", a));
+    MESSAGE(progress("b", b));
+  }
   REQUIRE(done());
 }
 
