@@ -1,8 +1,10 @@
 // tools/harness/options.cpp — perftest-style command lines.
 #include <getopt.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string_view>
 
@@ -13,6 +15,7 @@ namespace ami::tools {
 namespace {
 
 constexpr std::size_t kMaxSize = 8u << 20;
+constexpr std::size_t kPerftestCqMod = 100;  // perftest's DEF_CQ_MOD
 
 void usage(Test t) {
   std::printf(
@@ -40,7 +43,8 @@ void usage(Test t) {
       "  -x, --gid-index=<n>      GID index (AMI_VERBS_GID_INDEX; default: RoCE v2 IPv4 GID)\n"
       "  -R, --rdma_cm            connect with rdma_cm (AMI_VERBS_CM=on)\n"
       "  -m, --mtu=<bytes>        path MTU cap, 256..4096 (AMI_VERBS_MTU)\n"
-      "  -Q, --cq-mod=<n>         one signalled work request in n (AMI_VERBS_SIGNAL_INTERVAL)\n"
+      "  -Q, --cq-mod=<n>         one signalled work request in n (AMI_VERBS_SIGNAL_INTERVAL;\n"
+      "                           bandwidth tests: 100, or the TX depth if less, as perftest)\n"
       "  -I, --inline_size=<n>    largest inline send, 0 never (AMI_VERBS_MAX_INLINE)\n"
       "\nEvery AMI_* variable of ami_info --config applies too; options override them.\n",
       tool_name(t), tool_name(t), tool_name(t));
@@ -206,6 +210,12 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
   if (json && o.out_json.empty()) o.out_json = "ami_out.json";
   if (o.backend == "self") o.local = true;  // a same-process peer is always local
   if (o.iterations == 0) o.iterations = is_latency(test) ? 1000 : 5000;
+  // perftest's bandwidth tests signal one work request in 100 (at most one
+  // per TX depth) unless told otherwise: so do these, side by side with
+  // them, unless -Q or the environment says.
+  if (!o.cq_moderation && !is_latency(test) && o.backend == "verbs" &&
+      std::getenv("AMI_VERBS_SIGNAL_INTERVAL") == nullptr)
+    o.cq_moderation = static_cast<unsigned>(std::min<std::size_t>(kPerftestCqMod, o.tx_depth));
   return true;
 }
 
