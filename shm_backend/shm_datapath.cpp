@@ -1,20 +1,15 @@
 // shm_backend/shm_datapath.cpp — the per-message path: lanes into peers'
 // rings, and the context's own ring out to the protocol.
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
+#include "ami/device/coarse_clock.hpp"
 #include "shm_backend/shm_device.hpp"
 
 namespace ami::shm {
 
 namespace {
 constexpr Status kPeerExited{StatusCode::peer_failed, "shm: the peer process exited"};
-
-std::int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 }  // namespace
 
 ShmDevice::ShmDevice(ShmDomain& domain, std::uint16_t context, std::uint32_t fifo_depth)
@@ -184,7 +179,7 @@ void ShmDevice::skip_stalled_cell() {
     stalled_since_ns_ = 0;
     return;
   }
-  const std::int64_t now = now_ns();
+  const std::int64_t now = device::coarse_now_ns();
   if (stalled_since_ns_ == 0 || position != stalled_position_) {
     stalled_position_ = position;
     stalled_since_ns_ = now;

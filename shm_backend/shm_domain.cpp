@@ -8,7 +8,8 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <chrono>
+
+#include "ami/device/coarse_clock.hpp"
 
 namespace ami::shm {
 
@@ -56,9 +57,7 @@ ShmDomain::~ShmDomain() {
 void ShmDomain::watch() {
   std::unique_lock lock(watch_lock_, std::try_to_lock);
   if (!lock.owns_lock()) return;  // another context is looking
-  const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                               std::chrono::steady_clock::now().time_since_epoch())
-                               .count();
+  const std::int64_t now = device::coarse_now_ns();
   if (now < next_watch_ns_) return;
   next_watch_ns_ = now + 10'000'000;
   for (Peer& p : peers_) {

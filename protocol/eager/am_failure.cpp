@@ -18,8 +18,8 @@
 // GET was served, or whose answers all came, may die afterwards, and the
 // error handler is how the user hears of it. Of two quiet peers only one
 // probes in a round: the other hears the probe.
-#include <chrono>
 
+#include "ami/device/coarse_clock.hpp"
 #include "protocol/eager/am_engine.hpp"
 
 namespace ami::protocol {
@@ -137,9 +137,7 @@ void AmEngine::keepalive() {
 // Called from advance(): looks at the clock every 64 advances.
 void AmEngine::maybe_keepalive() {
   if (shape_.keepalive_ms == 0 || (++advances_ & 63) != 0) return;
-  const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                               std::chrono::steady_clock::now().time_since_epoch())
-                               .count();
+  const std::int64_t now = device::coarse_now_ns();
   if (now < next_keepalive_ns_) return;
   if (next_keepalive_ns_ != 0) keepalive();
   next_keepalive_ns_ = now + std::int64_t{shape_.keepalive_ms} * 1000000;

@@ -6,8 +6,9 @@
 #include <sys/socket.h>
 
 #include <cerrno>
-#include <chrono>
 #include <cstring>
+
+#include "ami/device/coarse_clock.hpp"
 
 namespace ami::detail {
 
@@ -23,9 +24,7 @@ ConnectionWatch::ConnectionWatch(std::vector<std::pair<std::uint32_t, int>> sock
 void ConnectionWatch::poll() {
   std::unique_lock lock(lock_, std::try_to_lock);
   if (!lock.owns_lock()) return;  // another context is looking
-  const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                               std::chrono::steady_clock::now().time_since_epoch())
-                               .count();
+  const std::int64_t now = device::coarse_now_ns();
   if (now < next_poll_ns_) return;
   next_poll_ns_ = now + 10'000'000;
   fds_.clear();

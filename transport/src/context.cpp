@@ -1,9 +1,8 @@
 // context.cpp — the public Context: argument checks in front of the engine.
 #include "ami/context.hpp"
 
-#include <chrono>
-
 #include "ami/client.hpp"
+#include "ami/device/coarse_clock.hpp"
 #include "ami/error.hpp"
 #include "context_impl.hpp"
 
@@ -14,11 +13,6 @@ namespace detail {
 namespace {
 
 constexpr std::int64_t kGrace = 50'000'000;  // ns a task is known gone before it fails
-
-std::int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 }  // namespace
 
@@ -33,11 +27,11 @@ void ContextImpl::look_at_connections() {
     connections->poll();
     for (const std::size_t n = connections->count(); connections_seen < n; ++connections_seen) {
       const std::uint32_t task = connections->gone(connections_seen);
-      suspects.push_back({task, now_ns(), heard_from(task)});
+      suspects.push_back({task, device::coarse_now_ns(), heard_from(task)});
     }
   }
   if (suspects.empty()) return;
-  const std::int64_t now = now_ns();
+  const std::int64_t now = device::coarse_now_ns();
   std::erase_if(suspects, [&](Suspect& s) {
     const std::uint64_t heard = heard_from(s.task);
     if (heard != s.heard || now - s.since_ns < kGrace) {
