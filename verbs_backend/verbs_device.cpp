@@ -34,7 +34,7 @@ VerbsLane::VerbsLane(VerbsDevice& device, Endpoint peer, std::uint32_t index, ib
   }
 }
 
-void VerbsLane::ring() { device_.post(*this); }
+void VerbsLane::ring() { device_.ring(*this); }
 
 VerbsDevice::VerbsDevice(VerbsDomain& domain, std::uint16_t context, std::uint32_t fifo_depth)
     : domain_(domain),
@@ -42,6 +42,7 @@ VerbsDevice::VerbsDevice(VerbsDomain& domain, std::uint16_t context, std::uint32
       context_(context),
       fifo_depth_(fifo_depth),
       repost_batch_(std::clamp<std::uint32_t>(domain.options().srq_depth / 4, 1, 64)),
+      doorbell_batch_(domain.options().doorbell_batch),
       lanes_(std::size_t{domain.tasks()} * domain.contexts()) {
   if (context >= domain.contexts()) throw Error("verbs: context index out of range");
   if (fifo_depth < 2 || (fifo_depth & (fifo_depth - 1)) != 0)
@@ -64,7 +65,11 @@ VerbsDevice::~VerbsDevice() {
   }
 }
 
-std::uint64_t VerbsLane::max_rdma() const { return device_.domain_.port().max_msg; }
+std::uint64_t VerbsLane::max_rdma() const {
+  const std::uint64_t port = device_.domain_.port().max_msg;
+  const std::optional<std::uint64_t>& cap = device_.domain_.options().max_rdma;
+  return cap ? std::min(*cap, port) : port;
+}
 
 unsigned VerbsDevice::reception_load() const {
   const std::uint32_t depth = domain_.options().srq_depth;

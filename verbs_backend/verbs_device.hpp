@@ -2,7 +2,8 @@
 // a Lane per peer context (one RC queue pair), the context's CQ and SRQ.
 //
 // The lane's injection FIFO is the send queue: each committed descriptor
-// becomes one work request, posted by ring(). A packet is a SEND (inline
+// becomes one work request, posted by ring() (a burst in chains: see
+// VerbsDevice::ring), or by progress(). A packet is a SEND (inline
 // when it fits the device's max_inline; otherwise its header goes from the
 // descriptor itself, the FIFO's slots being registered, and its payload is
 // copied into the lane's registered staging ring), a PUT an RDMA WRITE
@@ -91,6 +92,7 @@ class VerbsLane final : public device::Lane {
   std::uint64_t seen_posted_ = 0;                 // posted_ at the previous progress(): equal means quiet
   std::uint32_t unsignalled_ = 0;                 // WRs since the last signalled one
   bool probe_outstanding_ = false;
+  bool rung_ = false;  // ring() posted since the last progress()
   bool broken_ = false;
   bool reported_ = false;  // the sink has heard it broke
   Status failure_;
@@ -139,6 +141,7 @@ class VerbsDevice final : public device::Device {
  private:
   friend class VerbsLane;
   // data path (verbs_datapath.cpp)
+  void ring(VerbsLane& lane);
   void post(VerbsLane& lane);
   bool prepare(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, ibv_sge* sge);
   void refuse(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, Status why);
@@ -157,6 +160,7 @@ class VerbsDevice final : public device::Device {
   std::uint16_t context_;
   std::uint32_t fifo_depth_;
   std::uint32_t repost_batch_;
+  std::uint32_t doorbell_batch_;
   std::vector<std::unique_ptr<VerbsLane>> lanes_;  // by peer task * contexts + peer context
   // Lanes made so far; reserved for all, so a callback that makes a lane
   // while the list is being walked never moves it.

@@ -46,9 +46,11 @@ struct VerbsOptions {
   std::uint32_t srq_depth = 512;  // receive buffers per context
   std::uint32_t cq_depth = 2048;  // lower bound; raised to what the queues need, up to the device's max_cqe
   std::uint32_t signal_interval = 16;        // one signalled send WR in this many
+  std::uint32_t doorbell_batch = 16;         // ring(): after a lane's first post since progress(), post this many at once
   std::uint32_t bounce_bytes = 8192;         // receive buffer size = largest packet
   std::optional<std::uint32_t> max_inline;   // unset: the most the device takes (probed at the first QP); 0: never inline
   ibv_mtu mtu_cap = IBV_MTU_4096;            // path MTU at most this (and the port's active MTU)
+  std::optional<std::uint64_t> max_rdma;     // largest RDMA WRITE or READ per work request; unset: the port's max_msg_sz
   std::optional<bool> use_rdma_cm;           // unset: rdma_cm on RoCE, address exchange on InfiniBand
   bool immediate = true;                     // packets with a compact form go as SEND with immediate
   std::uint32_t staging_bytes = 64 * 1024;   // per lane: registered ring packet payloads are copied into

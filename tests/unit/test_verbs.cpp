@@ -473,6 +473,51 @@ TEST_CASE("one completion retires a run of unsignalled work requests, callbacks 
   }
 }
 
+TEST_CASE("a burst rings the doorbell once per doorbell_batch work requests") {
+  VerbsOptions o = base_options();
+  o.doorbell_batch = 8;
+  Pair p(o, 64);
+  auto& lane = static_cast<ami::verbs::VerbsLane&>(p.lane(0));
+  Sink& sink = p.sink(1);
+  std::byte payload[32];
+  for (std::size_t i = 0; i < sizeof payload; ++i) payload[i] = pattern(i, 9);
+  Recorder r(21);
+  auto post = [&](int i) {
+    REQUIRE(post_packet(lane, std::span(payload, 8), std::span(payload), r.callback(i)));
+    lane.ring();
+  };
+  post(0);
+  CHECK(lane.posted() == 1);  // the first of a burst leaves at once
+  for (int i = 1; i < 8; ++i) post(i);
+  CHECK(lane.posted() == 1);  // seven wait for the eighth
+  post(8);
+  CHECK(lane.posted() == 9);  // eight in one chain
+  for (int i = 9; i < 20; ++i) post(i);
+  CHECK(lane.posted() == 17);
+  REQUIRE(p.run_until([&] { return r.calls.size() == 20; }));  // progress posted the last three
+  CHECK(lane.posted() == 20);
+  check_in_order_once(r, 20);
+  post(20);
+  CHECK(lane.posted() == 21);  // after a progress, a new burst: its first leaves at once
+  REQUIRE(p.run_until([&] { return r.calls.size() == 21 && sink.packets.size() == 21; }));
+  for (const auto& got : sink.packets) {
+    REQUIRE(got.bytes.size() == 8 + sizeof payload);
+    CHECK(std::memcmp(got.bytes.data() + 8, payload, sizeof payload) == 0);
+  }
+}
+
+TEST_CASE("AMI_VERBS_MAX_RDMA caps the RDMA a work request carries") {
+  VerbsOptions o = base_options();
+  Pair whole(o);
+  CHECK(whole.lane(0).max_rdma() == whole.t[0]->domain.port().max_msg);
+  o.max_rdma = 65536;
+  Pair capped(o);
+  CHECK(capped.lane(0).max_rdma() == 65536);
+  o.max_rdma = std::uint64_t{1} << 40;  // above the port's: the port's
+  Pair above(o);
+  CHECK(above.lane(0).max_rdma() == above.t[0]->domain.port().max_msg);
+}
+
 TEST_CASE("a full injection FIFO (and send queue) refuses, then drains") {
   VerbsOptions o = base_options();
   o.sq_depth = 33;  // a FIFO of 32 plus the retire probe

@@ -76,6 +76,8 @@ verbs::VerbsOptions verbs_options(const Config& c) {
   v.sq_depth = std::max(u32(c, "AMI_VERBS_SQ_DEPTH"), u32(c, "AMI_FIFO_DEPTH") + 1);
   v.srq_depth = u32(c, "AMI_VERBS_SRQ_DEPTH");
   v.signal_interval = u32(c, "AMI_VERBS_SIGNAL_INTERVAL");
+  v.doorbell_batch = u32(c, "AMI_VERBS_DOORBELL_BATCH");
+  if (auto max_rdma = c.number_or_auto("AMI_VERBS_MAX_RDMA")) v.max_rdma = *max_rdma;
   v.bounce_bytes = u32(c, "AMI_VERBS_BOUNCE_SIZE");
   if (auto inline_bytes = c.number_or_auto("AMI_VERBS_MAX_INLINE"))
     v.max_inline = static_cast<std::uint32_t>(*inline_bytes);

@@ -72,6 +72,15 @@ constexpr ParamSpec kTable[] = {
     {"AMI_VERBS_SIGNAL_INTERVAL", "16", ParamType::unsigned_int, 1, 65536,
      "One send work request in this many asks for a completion; one completion retires the run "
      "before it."},
+    {"AMI_VERBS_DOORBELL_BATCH", "16", ParamType::unsigned_int, 1, 256,
+     "Work requests one ibv_post_send carries in a burst: a lane's first send since the last "
+     "advance goes at once, later ones wait until this many are ready, and advance posts the "
+     "rest (1: every send rings the doorbell)."},
+    {"AMI_VERBS_MAX_RDMA", "auto", ParamType::power_of_two, 4096, 1ull << 31,
+     "Largest RDMA WRITE or READ one work request carries: auto (the port's largest message) or "
+     "a power of two; longer PUTs, GETs and rendezvous transfers go in pieces this long. On a "
+     "lossy link shorter pieces each see fewer losses (an RC queue pair counts its retries per "
+     "work request).", true},
     {"AMI_VERBS_MAX_INLINE", "auto", ParamType::unsigned_int, 0, 65536,
      "Bytes a send carries inline in its work request: auto (the most the device takes) or a "
      "number, 0 for never.", true},
