@@ -83,6 +83,7 @@ else
   failed+=("JSON report")
 fi
 tool_step ami_write_bw 1048576 AMI_VERBS_CM=off -- -n 50 --report_gbits
+tool_step ami_write_bw 2 AMI_VERBS_CM=off -- -n 2000 -l 1
 tool_step ami_read_bw 65536 -- -n 200 -R -t 16
 rm -f "$json"
 

@@ -61,6 +61,8 @@ refuse ami_send_lat --backend tcp
 refuse ami_write_bw -m 1000
 refuse ami_write_bw -d rxe0 --backend shm
 refuse ami_read_bw -i 1
+refuse ami_send_bw -d rxe0 --post_list 0
+refuse ami_write_bw -d rxe0 -l 257
 refuse ami_send_bw --local some-host
 
 if ((${#failed[@]})); then

@@ -42,6 +42,7 @@ struct Options {
   bool tx_depth_given = false;               // -t      AMI_VERBS_SQ_DEPTH too
   std::optional<unsigned> cq_moderation;     // -Q      AMI_VERBS_SIGNAL_INTERVAL
   std::optional<unsigned> inline_size;       // -I      AMI_VERBS_MAX_INLINE
+  std::optional<unsigned> post_list;         // -l      AMI_VERBS_DOORBELL_BATCH
 };
 
 // Parses perftest-style arguments; returns false (after printing why) on a

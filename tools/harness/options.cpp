@@ -46,6 +46,8 @@ void usage(Test t) {
       "  -Q, --cq-mod=<n>         one signalled work request in n (AMI_VERBS_SIGNAL_INTERVAL;\n"
       "                           bandwidth tests: 100, or the TX depth if less, as perftest)\n"
       "  -I, --inline_size=<n>    largest inline send, 0 never (AMI_VERBS_MAX_INLINE)\n"
+      "  -l, --post_list=<n>      work requests per doorbell in a burst, 1 one each\n"
+      "                           (AMI_VERBS_DOORBELL_BATCH; default 16)\n"
       "\nEvery AMI_* variable of ami_info --config applies too; options override them.\n",
       tool_name(t), tool_name(t), tool_name(t));
 }
@@ -62,7 +64,7 @@ bool number(const char* text, std::size_t& out, std::size_t min, std::size_t max
   return true;
 }
 
-bool is_verbs_option(int c) { return c > 0 && c < 128 && std::strchr("dixRmQI", c) != nullptr; }
+bool is_verbs_option(int c) { return c > 0 && c < 128 && std::strchr("dixRmQIl", c) != nullptr; }
 
 }  // namespace
 
@@ -90,6 +92,7 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
       {"gid-index", required_argument, nullptr, 'x'}, {"rdma_cm", no_argument, nullptr, 'R'},
       {"mtu", required_argument, nullptr, 'm'},    {"cq-mod", required_argument, nullptr, 'Q'},
       {"inline_size", required_argument, nullptr, 'I'}, {"remote_done", no_argument, nullptr, kRemoteDone},
+      {"post_list", required_argument, nullptr, 'l'},
       {"help", no_argument, nullptr, 'h'},         {nullptr, 0, nullptr, 0}};
   o = Options{};
   o.test = test;
@@ -97,7 +100,7 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
   optind = 1;
   std::size_t v = 0;
   bool backend_given = false, json = false, verbs_option = false;
-  for (int c; (c = getopt_long(argc, argv, "s:an:t:p:hd:i:x:Rm:Q:I:", kLong, nullptr)) != -1;) {
+  for (int c; (c = getopt_long(argc, argv, "s:an:t:p:hd:i:x:Rm:Q:I:l:", kLong, nullptr)) != -1;) {
     if (is_verbs_option(c)) verbs_option = true;
     switch (c) {
       case 's':
@@ -146,6 +149,10 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
       case 'I':
         if (!number(optarg, v, 0, 65536, "--inline_size")) return false;
         o.inline_size = static_cast<unsigned>(v);
+        break;
+      case 'l':
+        if (!number(optarg, v, 1, 256, "--post_list")) return false;
+        o.post_list = static_cast<unsigned>(v);
         break;
       case kJson: json = true; break;
       case kJsonFile:

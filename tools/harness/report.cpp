@@ -42,6 +42,7 @@ void print_banner(const Options& o, const std::string& backend_lines) {
   std::printf("%s", backend_lines.c_str());
   if (!is_latency(o.test)) std::printf(" TX depth        : %zu\n", o.tx_depth);
   if (o.cq_moderation) std::printf(" CQ Moderation   : %u\n", *o.cq_moderation);
+  if (o.post_list) std::printf(" Post List       : %u\n", *o.post_list);
   std::printf(" Iterations      : %zu\n", o.iterations);
   std::printf("%s", kRule);
 }

@@ -580,6 +580,7 @@ Config tool_config(const Options& o) {
     set("AMI_VERBS_SQ_DEPTH", std::to_string(std::max<std::size_t>(o.tx_depth, 2)));
   if (o.cq_moderation) set("AMI_VERBS_SIGNAL_INTERVAL", std::to_string(*o.cq_moderation));
   if (o.inline_size) set("AMI_VERBS_MAX_INLINE", std::to_string(*o.inline_size));
+  if (o.post_list) set("AMI_VERBS_DOORBELL_BATCH", std::to_string(*o.post_list));
   return c;
 }
 
