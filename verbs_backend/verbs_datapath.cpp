@@ -192,14 +192,25 @@ void VerbsDevice::refuse(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, Stat
 }
 
 // A doorbell costs a system call on soft-RoCE and an uncached write and a
-// fence on a NIC. The first ring since progress() posts at once (a lone
-// message leaves now); later ones in the same burst wait until
-// doorbell_batch descriptors are ready and go in one chain; progress()
-// posts what is left.
+// fence on a NIC. A lane's first ring of a burst (since the last progress()
+// or flush()) posts at once, so a lone message leaves now; later ones wait
+// until doorbell_batch descriptors are ready and go in one chain; flush()
+// and progress() post what is left.
 void VerbsDevice::ring(VerbsLane& lane) {
-  if (lane.rung_ && lane.fifo().injected() - lane.posted_ < doorbell_batch_) return;
-  lane.rung_ = true;
+  if (lane.rung_epoch_ == ring_epoch_ && lane.fifo().injected() - lane.posted_ < doorbell_batch_) {
+    held_ = true;
+    return;
+  }
+  lane.rung_epoch_ = ring_epoch_;
   post(lane);
+}
+
+void VerbsDevice::flush() {
+  ++ring_epoch_;
+  if (!held_) return;
+  held_ = false;
+  for (VerbsLane* lane : active_)
+    if (lane->posted_ < lane->fifo().injected()) post(*lane);
 }
 
 void VerbsDevice::post(VerbsLane& lane) {
@@ -279,10 +290,15 @@ void VerbsDevice::retire(VerbsLane& lane, std::uint64_t counter) {
   tc.advance_to(counter);
 }
 
+// The work request that failed gets its own status (remote_access when the
+// peer's NIC refused it). The queue pair is in the error state after it:
+// whatever waited behind it, and the peer, fail as when the peer is gone.
 void VerbsDevice::break_lane(VerbsLane& lane, std::uint64_t first_failed, Status status, const ibv_wc* wc) {
+  static constexpr Status kBrokeAfter{StatusCode::peer_failed,
+                                      "verbs: the lane broke after an operation failed (see the log)"};
   auto& fifo = lane.fifo();
   lane.broken_ = true;
-  lane.failure_ = status;
+  lane.failure_ = status == StatusCode::peer_failed ? status : kBrokeAfter;
   ++broken_lanes_;
   log("QP 0x%06x (context %u to task %u context %u): %s (vendor error 0x%x); failing its %llu operations "
       "from number %llu on",
@@ -292,7 +308,8 @@ void VerbsDevice::break_lane(VerbsLane& lane, std::uint64_t first_failed, Status
       static_cast<unsigned long long>(first_failed));
   retire(lane, first_failed);  // an RC send queue completes in order: those before it succeeded
   fifo.complete();
-  fifo.fail_pending(status);
+  if (first_failed < fifo.injected()) fifo.fail_one(first_failed, status);
+  fifo.fail_pending(lane.failure_);
 }
 
 void VerbsDevice::on_send_completion(const ibv_wc& wc) {
@@ -380,10 +397,10 @@ std::size_t VerbsDevice::tend_lanes() {
 }
 
 std::size_t VerbsDevice::progress(device::PacketSink& sink, std::size_t budget) {
-  for (VerbsLane* lane : active_) {
-    lane->rung_ = false;
+  ++ring_epoch_;
+  held_ = false;
+  for (VerbsLane* lane : active_)
     if (lane->posted_ < lane->fifo().injected()) post(*lane);
-  }
   std::size_t polled = 0;
   ibv_wc wc[kPollBatch];
   while (polled < budget) {

@@ -92,7 +92,7 @@ class VerbsLane final : public device::Lane {
   std::uint64_t seen_posted_ = 0;                 // posted_ at the previous progress(): equal means quiet
   std::uint32_t unsignalled_ = 0;                 // WRs since the last signalled one
   bool probe_outstanding_ = false;
-  bool rung_ = false;  // ring() posted since the last progress()
+  std::uint64_t rung_epoch_ = 0;  // the device's ring_epoch_ when ring() last posted
   bool broken_ = false;
   bool reported_ = false;  // the sink has heard it broke
   Status failure_;
@@ -115,6 +115,7 @@ class VerbsDevice final : public device::Device {
   unsigned reception_load() const override;
   // Reposts every consumed receive buffer (not only full batches).
   std::size_t return_credit() override;
+  void flush() override;
 
   // Blocking waits: the completion channel's fd becomes readable after
   // arm() once a completion arrives; consume_event() then reads it.
@@ -161,6 +162,8 @@ class VerbsDevice final : public device::Device {
   std::uint32_t fifo_depth_;
   std::uint32_t repost_batch_;
   std::uint32_t doorbell_batch_;
+  std::uint64_t ring_epoch_ = 1;  // + 1 at every progress() and flush(): a new burst
+  bool held_ = false;             // ring() held a descriptor back since then
   std::vector<std::unique_ptr<VerbsLane>> lanes_;  // by peer task * contexts + peer context
   // Lanes made so far; reserved for all, so a callback that makes a lane
   // while the list is being walked never moves it.

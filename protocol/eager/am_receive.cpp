@@ -48,6 +48,7 @@ std::size_t AmEngine::advance() {
       p->busy = false;
   }
   busy_.resize(kept);
+  for (device::Device* d : devices_) d->flush();  // what ring() held back for a batch
   return work;
 }
 

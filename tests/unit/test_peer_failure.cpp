@@ -410,7 +410,10 @@ int survivor_fence(Client& client) {
   if (int rc = s.finish()) return rc;
   if (!progress_until(s.c, [&] { return fence.calls != 0; })) return 30;
   for (int i = 0; i < 1000; ++i) (void)s.c.advance();
-  if (fence.calls != 1 || fence.failed != 1) return 31;  // the fence cannot have been answered
+  if (fence.calls != 1 || fence.failed != 1) {  // the fence cannot have been answered
+    std::printf("fence: %d call(s), the last with %s\n", fence.calls, ami::to_string(fence.last).c_str());
+    return 31;
+  }
   for (const Outcomes& o : puts)
     if (o.calls != 1 || o.other != 0) return 32;
   return 0;

@@ -494,11 +494,12 @@ TEST_CASE("a burst rings the doorbell once per doorbell_batch work requests") {
   CHECK(lane.posted() == 9);  // eight in one chain
   for (int i = 9; i < 20; ++i) post(i);
   CHECK(lane.posted() == 17);
-  REQUIRE(p.run_until([&] { return r.calls.size() == 20; }));  // progress posted the last three
+  p.device(0).flush();  // the engine's advance() ends with it
   CHECK(lane.posted() == 20);
+  REQUIRE(p.run_until([&] { return r.calls.size() == 20; }));
   check_in_order_once(r, 20);
   post(20);
-  CHECK(lane.posted() == 21);  // after a progress, a new burst: its first leaves at once
+  CHECK(lane.posted() == 21);  // after progress(), a new burst: its first leaves at once
   REQUIRE(p.run_until([&] { return r.calls.size() == 21 && sink.packets.size() == 21; }));
   for (const auto& got : sink.packets) {
     REQUIRE(got.bytes.size() == 8 + sizeof payload);
@@ -742,6 +743,26 @@ TEST_CASE("a descriptor the device refuses fails alone; the lane carries on") {
   CHECK(r.calls[3].status.ok());
   CHECK(std::memcmp(b.memory.data() + 100, a.memory.data(), 200) == 0);
   CHECK(p.device(0).counters().refused == 1);
+}
+
+TEST_CASE("a remote access error: that operation is refused, what waits behind it fails with the lane") {
+  Pair p;
+  Region a(p.t[0]->domain, 4096, 1), b(p.t[1]->domain, 4096, 2);
+  p.t[1]->domain.deregister_region(b.number);  // the peer's NIC refuses the key from now on
+  Lane& lane = p.lane(0);
+  Recorder r(3);
+  const std::byte payload[16] = {};
+  REQUIRE(post_packet(lane, std::span(payload), {}, r.callback(0)));
+  REQUIRE(post_rdma(lane, DescriptorKind::put, a, 0, b, 0, 200, r.callback(1)));
+  REQUIRE(post_packet(lane, std::span(payload), {}, r.callback(2)));
+  lane.ring();
+  REQUIRE(p.run_until([&] { return r.calls.size() == 3 && !p.sink(0).failed.empty(); }));
+  check_in_order_once(r, 3);
+  CHECK(r.calls[0].status.ok());
+  CHECK(r.calls[1].status == StatusCode::remote_access);
+  CHECK(r.calls[2].status == StatusCode::peer_failed);
+  REQUIRE(p.sink(0).failed.size() == 1);
+  CHECK(p.sink(0).failed[0].second == StatusCode::peer_failed);  // the peer fails as when it is gone
 }
 
 TEST_CASE("several contexts: each lane reaches its own peer context, origins from the QP") {

@@ -61,7 +61,9 @@ class Lane {
   // of a message by GET or PUT beats more eager packets through the bounce
   // path on this lane. An input of the receiver's stop policy.
   virtual std::uint64_t rdma_crossover() const { return std::uint64_t{64} << 10; }
-  // Doorbell: descriptors up to fifo().injected() are committed.
+  // Doorbell: descriptors up to fifo().injected() are committed. A device
+  // may hold back all but the first since its last progress() or flush(),
+  // to post them in one batch; flush() posts them.
   virtual void ring() = 0;
 
  private:
@@ -89,6 +91,11 @@ class Device {
   // returns credit by itself once a batch is full, so none waits on it.
   // Returns how much was returned.
   virtual std::size_t return_credit() { return 0; }
+  // Posts what ring() held back for a batch. The engine calls it as its
+  // advance() ends: what a handler or the engine committed inside advance()
+  // is posted before it returns, what the user committed between two
+  // advances by the next one at the latest.
+  virtual void flush() {}
   // The peer is known to have ended by other means (its bootstrap
   // connection closed): the device breaks its lane as if it had found it
   // broken itself — what the FIFO holds fails and the sink hears
