@@ -30,6 +30,7 @@ void check_options(std::uint32_t task, std::uint32_t tasks, std::uint16_t contex
     throw Error("verbs: tasks x contexts exceeds " + std::to_string(kMaxLanes) + " lanes");
   if (o.signal_interval == 0) throw Error("verbs: signal_interval must be at least 1");
   if (o.doorbell_batch == 0) throw Error("verbs: doorbell_batch must be at least 1");
+  if (o.max_rdma && *o.max_rdma == 0) throw Error("verbs: max_rdma must be at least 1 byte");
   // Half the send queue may be unsignalled at most: a full queue always
   // holds a signalled WR whose completion frees it (eRPC's kSQDepth >= 2 * kUnsigBatch).
   if (o.sq_depth < 2 * o.signal_interval)

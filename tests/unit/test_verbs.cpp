@@ -279,6 +279,12 @@ TEST_CASE("the port, the GID and the published address") {
     CHECK_THROWS_AS(VerbsDevice(d, 0, 256), ami::Error);  // FIFO depth must stay below sq_depth
     CHECK_THROWS_AS(VerbsDevice(d, 0, 48), ami::Error);   // not a power of two
     bad = o;
+    bad.doorbell_batch = 0;
+    CHECK_THROWS_AS(VerbsDomain(0, 2, 1, bad, regions), ami::Error);
+    bad = o;
+    bad.max_rdma = 0;
+    CHECK_THROWS_AS(VerbsDomain(0, 2, 1, bad, regions), ami::Error);
+    bad = o;
     bad.net_devices = "no_such_device:1";
     CHECK_THROWS_AS(VerbsDomain(0, 2, 1, bad, regions), ami::Error);
     std::string why;
