@@ -206,8 +206,16 @@ void VerbsDevice::ring(VerbsLane& lane) {
 }
 
 void VerbsDevice::flush() {
+  if (held_)
+    post_waiting();
+  else
+    ++ring_epoch_;
+}
+
+// Posts every lane's committed descriptors (those ring() held back, and
+// those a full staging ring stopped), and starts a new burst.
+void VerbsDevice::post_waiting() {
   ++ring_epoch_;
-  if (!held_) return;
   held_ = false;
   for (VerbsLane* lane : active_)
     if (lane->posted_ < lane->fifo().injected()) post(*lane);
@@ -397,10 +405,7 @@ std::size_t VerbsDevice::tend_lanes() {
 }
 
 std::size_t VerbsDevice::progress(device::PacketSink& sink, std::size_t budget) {
-  ++ring_epoch_;
-  held_ = false;
-  for (VerbsLane* lane : active_)
-    if (lane->posted_ < lane->fifo().injected()) post(*lane);
+  post_waiting();
   std::size_t polled = 0;
   ibv_wc wc[kPollBatch];
   while (polled < budget) {

@@ -143,6 +143,7 @@ class VerbsDevice final : public device::Device {
   friend class VerbsLane;
   // data path (verbs_datapath.cpp)
   void ring(VerbsLane& lane);
+  void post_waiting();
   void post(VerbsLane& lane);
   bool prepare(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, ibv_sge* sge);
   void refuse(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, Status why);
