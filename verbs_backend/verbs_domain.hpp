@@ -43,17 +43,17 @@ struct VerbsOptions {
   std::string net_devices;        // "rxe0:1" or "mlx5_0:1,mlx5_1" (AMI_NET_DEVICES); "" = first active port
   int gid_index = -1;             // -1: automatic (RoCE: the RoCE v2 IPv4-mapped GID; IB: LID routing)
   std::uint32_t sq_depth = 256;   // send WRs per QP: injection FIFO depth + 1 (the retire probe)
-  std::uint32_t srq_depth = 512;  // receive buffers per context
+  std::uint32_t srq_depth = 0;    // receive buffers per context; 0: by the device's kind (see receive_shape())
   std::uint32_t cq_depth = 2048;  // lower bound; raised to what the queues need, up to the device's max_cqe
   std::uint32_t signal_interval = 16;        // one signalled send WR in this many
   std::uint32_t doorbell_batch = 16;         // ring(): after a lane's first post since progress(), post this many at once
-  std::uint32_t bounce_bytes = 8192;         // receive buffer size = largest packet
+  std::uint32_t bounce_bytes = 0;            // receive buffer size = largest packet; 0: by the device's kind
   std::optional<std::uint32_t> max_inline;   // unset: the most the device takes (probed at the first QP); 0: never inline
   ibv_mtu mtu_cap = IBV_MTU_4096;            // path MTU at most this (and the port's active MTU)
   std::optional<std::uint64_t> max_rdma;     // largest RDMA WRITE or READ per work request; unset: the port's max_msg_sz
   std::optional<bool> use_rdma_cm;           // unset: rdma_cm on RoCE, address exchange on InfiniBand
   bool immediate = true;                     // packets with a compact form go as SEND with immediate
-  std::uint32_t staging_bytes = 64 * 1024;   // per lane: registered ring packet payloads are copied into
+  std::uint32_t staging_bytes = 64 * 1024;   // per lane: registered ring packet payloads are copied into (at least 2 x bounce_bytes)
   std::uint32_t connect_timeout_ms = 30000;  // rdma_cm: for all lanes to one peer
   // Transport retries before IBV_WC_RETRY_EXC_ERR. Not 7: soft-RoCE takes 7
   // as "retry forever" (as the spec has it for rnr_retry only), so a dead
@@ -81,6 +81,7 @@ struct PortInfo {
   int max_cqe = 0;
   int max_qp_wr = 0;
   int max_srq_wr = 0;
+  bool software = false;  // soft-RoCE or siw: the kernel's CPU does the NIC's work
 };
 
 // One context's completion queue, shared receive queue and queue pairs.

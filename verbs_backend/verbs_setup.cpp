@@ -36,12 +36,23 @@ void check_options(std::uint32_t task, std::uint32_t tasks, std::uint16_t contex
   if (o.sq_depth < 2 * o.signal_interval)
     throw Error("verbs: sq_depth (" + std::to_string(o.sq_depth) +
                 ") must be at least 2 x signal_interval (" + std::to_string(o.signal_interval) + ")");
-  if (o.srq_depth == 0) throw Error("verbs: srq_depth must be at least 1");
-  if (o.bounce_bytes < device::kPacketInlineBytes)
+  if (o.bounce_bytes != 0 && o.bounce_bytes < device::kPacketInlineBytes)
     throw Error("verbs: bounce_bytes must hold a descriptor's inline bytes (" +
                 std::to_string(device::kPacketInlineBytes) + ")");
-  if (o.staging_bytes < 2 * std::uint64_t{o.bounce_bytes})
-    throw Error("verbs: staging_bytes must be at least 2 x bounce_bytes");
+  if (o.bounce_bytes > (1u << 30)) throw Error("verbs: bounce_bytes must be at most 1 GiB");
+}
+
+// Receive buffers the options leave to the device's kind. A software device
+// (soft-RoCE, siw) spends the host's CPU on every work request and receive
+// completion, as much as on several pages of data: it gets fewer, larger
+// packets, 128 buffers of 128 KiB (16 MiB per context; a 64 KiB message is
+// two packets, not ten). A NIC gets 512 of 8 KiB (4 MiB), the size UCX and
+// the MPI libraries give their eager buffers. The staging ring holds two of
+// the largest packets at least.
+void receive_shape(VerbsOptions& o, const PortInfo& port) {
+  if (o.bounce_bytes == 0) o.bounce_bytes = port.software ? 128 * 1024 : 8 * 1024;
+  if (o.srq_depth == 0) o.srq_depth = port.software ? 128 : 512;
+  o.staging_bytes = std::max(o.staging_bytes, 2 * o.bounce_bytes);
 }
 
 std::uint32_t random_psn() {
@@ -77,6 +88,7 @@ VerbsDomain::VerbsDomain(std::uint32_t task, std::uint32_t tasks, std::uint16_t 
     : task_(task), tasks_(tasks), contexts_(contexts), options_(options), regions_(regions), peers_(tasks) {
   check_options(task, tasks, contexts, options);
   port_ = open_port(options_, device_);
+  receive_shape(options_, port_);
   if (options_.sq_depth > static_cast<std::uint32_t>(port_.max_qp_wr))
     throw Error("verbs: sq_depth " + std::to_string(options_.sq_depth) + " exceeds " + port_.device +
                 "'s max_qp_wr " + std::to_string(port_.max_qp_wr));
@@ -234,7 +246,8 @@ std::string VerbsDomain::describe() const {
                        : "InfiniBand, LID " + std::to_string(port_.lid)) +
                   ", active MTU " + mtu_text(port_.active_mtu) + ", GID index " +
                   std::to_string(port_.gid_index) + " (" + gid_text(port_.gid) + "), max inline " +
-                  std::to_string(port_.max_inline) + " B, connection by " +
+                  std::to_string(port_.max_inline) + " B, " + std::to_string(options_.srq_depth) +
+                  " receive buffers of " + std::to_string(options_.bounce_bytes / 1024) + " KiB, connection by " +
                   (method_ == ConnectMethod::rdma_cm ? "rdma_cm" : "address exchange");
   return s;
 }
@@ -265,6 +278,7 @@ std::string VerbsDomain::describe_lane(std::uint16_t context, Endpoint peer) con
   field("Max inline data", std::to_string(init.cap.max_inline_data) + "[B]");
   field("Send queue", std::to_string(init.cap.max_send_wr) + " WRs, one signalled in " +
                           std::to_string(options_.signal_interval));
+  field("Receive buffers", std::to_string(options_.srq_depth) + " x " + std::to_string(options_.bounce_bytes) + "[B]");
   field("rdma_cm QPs", method_ == ConnectMethod::rdma_cm ? "ON" : "OFF");
   field("Data ex. method", method_ == ConnectMethod::rdma_cm ? "rdma_cm" : "Ethernet (ami bootstrap)");
   std::snprintf(line, sizeof line, " local address: LID %#06x QPN %#08x PSN %#08x\n", port_.lid, q->qp_num,

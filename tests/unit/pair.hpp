@@ -100,7 +100,15 @@ struct ShmPair : JobPair {
 // rdma_cm or the address exchange as configured. Needs an active port.
 struct VerbsPair : JobPair {
   static constexpr const char* kBackend = "verbs";
-  explicit VerbsPair(const ami::Config& config) : JobPair(config, "self,verbs") {}
+  explicit VerbsPair(const ami::Config& config) : JobPair(with_packets(config), "self,verbs") {}
+
+  // The suite's message sizes are chosen to span several packets: the
+  // 8 KiB packets of a NIC, unless the case sets its own (soft-RoCE's
+  // default, 128 KiB, would carry most of them whole).
+  static ami::Config with_packets(ami::Config c) {
+    if (c.origin("AMI_VERBS_BOUNCE_SIZE") == "default") REQUIRE(c.set("AMI_VERBS_BOUNCE_SIZE", "8192").ok());
+    return c;
+  }
 };
 
 }  // namespace test

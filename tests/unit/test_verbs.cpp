@@ -293,10 +293,29 @@ TEST_CASE("the port, the GID and the published address") {
   }
 }
 
+TEST_CASE("receive buffers sized by the device's kind unless set") {
+  ami::device::RegionTable regions(7, 0, 64);
+  VerbsOptions o = base_options();
+  {
+    VerbsDomain d(0, 2, 1, o, regions);
+    const bool software = d.port().software;
+    CHECK(software == (d.port().device.rfind("rxe", 0) == 0 || d.port().device.rfind("siw", 0) == 0));
+    CHECK(d.options().bounce_bytes == (software ? 128u * 1024 : 8u * 1024));
+    CHECK(d.options().srq_depth == (software ? 128u : 512u));
+    CHECK(d.options().staging_bytes >= 2 * d.options().bounce_bytes);
+  }
+  o.bounce_bytes = 4096;
+  o.srq_depth = 64;
+  VerbsDomain d(0, 2, 1, o, regions);
+  CHECK(d.options().bounce_bytes == 4096);
+  CHECK(d.options().srq_depth == 64);
+  CHECK(d.describe().find("64 receive buffers of 4 KiB") != std::string::npos);
+}
+
 TEST_CASE("active-message packets both ways, byte for byte, across sizes and alignments") {
   Pair p;
   const std::size_t max = p.lane(0).max_packet();
-  CHECK(max == base_options().bounce_bytes);
+  CHECK(max == p.t[0]->domain.options().bounce_bytes);
   std::vector<std::byte> source(max + 64);
   for (std::size_t i = 0; i < source.size(); ++i) source[i] = pattern(i, 3);
   const std::size_t headers[] = {0, 1, 16, 57, 320};

@@ -74,11 +74,11 @@ verbs::VerbsOptions verbs_options(const Config& c) {
   if (auto mtu = c.number_or_auto("AMI_VERBS_MTU"))
     v.mtu_cap = static_cast<ibv_mtu>(std::countr_zero(*mtu) - 7);
   v.sq_depth = std::max(u32(c, "AMI_VERBS_SQ_DEPTH"), u32(c, "AMI_FIFO_DEPTH") + 1);
-  v.srq_depth = u32(c, "AMI_VERBS_SRQ_DEPTH");
+  if (auto depth = c.number_or_auto("AMI_VERBS_SRQ_DEPTH")) v.srq_depth = static_cast<std::uint32_t>(*depth);
   v.signal_interval = u32(c, "AMI_VERBS_SIGNAL_INTERVAL");
   v.doorbell_batch = u32(c, "AMI_VERBS_DOORBELL_BATCH");
   if (auto max_rdma = c.number_or_auto("AMI_VERBS_MAX_RDMA")) v.max_rdma = *max_rdma;
-  v.bounce_bytes = u32(c, "AMI_VERBS_BOUNCE_SIZE");
+  if (auto bounce = c.number_or_auto("AMI_VERBS_BOUNCE_SIZE")) v.bounce_bytes = static_cast<std::uint32_t>(*bounce);
   if (auto inline_bytes = c.number_or_auto("AMI_VERBS_MAX_INLINE"))
     v.max_inline = static_cast<std::uint32_t>(*inline_bytes);
   v.immediate = c.number("AMI_VERBS_IMMEDIATE") != 0;

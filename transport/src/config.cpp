@@ -67,8 +67,9 @@ constexpr ParamSpec kTable[] = {
      "Largest path MTU: auto (the port's active MTU) or 256, 512, 1024, 2048, 4096.", true},
     {"AMI_VERBS_SQ_DEPTH", "256", ParamType::unsigned_int, 2, 65536,
      "Send work requests per queue pair; at least AMI_FIFO_DEPTH + 1 is used."},
-    {"AMI_VERBS_SRQ_DEPTH", "512", ParamType::unsigned_int, 16, 65536,
-     "Receive buffers per context in its shared receive queue."},
+    {"AMI_VERBS_SRQ_DEPTH", "auto", ParamType::unsigned_int, 16, 65536,
+     "Receive buffers per context in its shared receive queue: auto (512 on a NIC, 128 on a "
+     "software device: soft-RoCE, siw) or a number.", true},
     {"AMI_VERBS_SIGNAL_INTERVAL", "16", ParamType::unsigned_int, 1, 65536,
      "One send work request in this many asks for a completion; one completion retires the run "
      "before it."},
@@ -93,8 +94,10 @@ constexpr ParamSpec kTable[] = {
     {"AMI_VERBS_RETRY_COUNT", "6", ParamType::unsigned_int, 0, 6,
      "RC transport retries before a lane fails (with AMI_VERBS_TIMEOUT: how long a peer may stay "
      "silent). At most 6: soft-RoCE takes 7 as retry forever, and a dead peer would never be found."},
-    {"AMI_VERBS_BOUNCE_SIZE", "8192", ParamType::power_of_two, 256, 1 * kMiB,
-     "Bytes per receive buffer, so the largest packet over verbs."},
+    {"AMI_VERBS_BOUNCE_SIZE", "auto", ParamType::power_of_two, 256, 1 * kMiB,
+     "Bytes per receive buffer, so the largest packet over verbs: auto (8 KiB on a NIC; 128 KiB "
+     "on a software device, where each work request and completion costs the kernel's CPU as much "
+     "as pages of data) or a power of two.", true},
     {"AMI_MAX_REGIONS", "4096", ParamType::unsigned_int, 1, 1u << 20,
      "Memory registrations a client holds at once."},
     {"AMI_RNDV_MODE", "auto", ParamType::choice, 0, 0,
