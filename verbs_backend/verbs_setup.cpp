@@ -247,7 +247,10 @@ std::string VerbsDomain::describe() const {
                   ", active MTU " + mtu_text(port_.active_mtu) + ", GID index " +
                   std::to_string(port_.gid_index) + " (" + gid_text(port_.gid) + "), max inline " +
                   std::to_string(port_.max_inline) + " B, " + std::to_string(options_.srq_depth) +
-                  " receive buffers of " + std::to_string(options_.bounce_bytes / 1024) + " KiB, connection by " +
+                  " receive buffers of " +
+                  (options_.bounce_bytes % 1024 == 0 ? std::to_string(options_.bounce_bytes / 1024) + " KiB"
+                                                     : std::to_string(options_.bounce_bytes) + " B") +
+                  ", connection by " +
                   (method_ == ConnectMethod::rdma_cm ? "rdma_cm" : "address exchange");
   return s;
 }
