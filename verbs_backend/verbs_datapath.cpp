@@ -405,7 +405,9 @@ std::size_t VerbsDevice::tend_lanes() {
 }
 
 std::size_t VerbsDevice::progress(device::PacketSink& sink, std::size_t budget) {
-  post_waiting();
+  // What ring() held back goes first; what a full staging ring stopped goes
+  // in tend_lanes(), after the completions that free it.
+  flush();
   std::size_t polled = 0;
   ibv_wc wc[kPollBatch];
   while (polled < budget) {

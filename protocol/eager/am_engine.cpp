@@ -49,13 +49,7 @@ Status AmEngine::set_dispatch(std::uint16_t id, Dispatch dispatch) {
   return Status::success();
 }
 
-AmEngine::Peer* AmEngine::peer_for(Endpoint e) {
-  if (e.task >= shape_.tasks || e.context >= shape_.contexts) return nullptr;
-  return &peers_[std::size_t{e.task} * shape_.contexts + e.context];
-}
-
-device::Lane* AmEngine::lane_for(Peer& peer) {
-  if (peer.lane != nullptr) return peer.lane;
+device::Lane* AmEngine::make_lane(Peer& peer) {
   for (device::Device* d : devices_) {
     if (!d->can_reach(peer.endpoint)) continue;
     peer.lane = d->lane(peer.endpoint);
@@ -63,9 +57,16 @@ device::Lane* AmEngine::lane_for(Peer& peer) {
     peer.device = d;
     lanes_.push_back(peer.lane);
     reached_.push_back(&peer);
+    find_polled();
     return peer.lane;
   }
   return nullptr;
+}
+
+void AmEngine::find_polled() {
+  polled_.clear();
+  for (device::Device* d : devices_)
+    if (d->wants_progress()) polled_.push_back(d);
 }
 
 namespace {
@@ -106,10 +107,9 @@ Status AmEngine::check_send(const SendParams& p) const {
 }
 
 Status AmEngine::send_immediate(const SendImmediateParams& p) {
-  Status s = check_send(SendParams{p.dest, p.dispatch, p.header, p.payload, {}, {}});
-  if (s.ok()) s = check_alive(p.dest, "send_immediate: the endpoint's peer failed");
-  if (!s.ok()) return s;
-  Peer& peer = *peer_for(p.dest);
+  if (Status s = check_send(SendParams{p.dest, p.dispatch, p.header, p.payload, {}, {}}); !s.ok()) return s;
+  Peer& peer = *peer_for(p.dest);  // (in range: checked)
+  if (!peer.failure.ok()) return {StatusCode::peer_failed, "send_immediate: the endpoint's peer failed"};
   device::Lane* lane = lane_for(peer);
   if (lane == nullptr) return {StatusCode::unreachable, "send_immediate: no backend reaches the endpoint"};
   if (p.header.size() + p.payload.size() > immediate_bytes(*lane))

@@ -66,7 +66,10 @@ class AmEngine final : public device::PacketSink {
   AmEngine(Shape shape, ContextStats& stats);
 
   // Devices in priority order; the first that can reach a peer carries it.
-  void add_device(device::Device& device) { devices_.push_back(&device); }
+  void add_device(device::Device& device) {
+    devices_.push_back(&device);
+    find_polled();
+  }
   // Without a registrar only buffers given with their Memory can be stopped.
   void set_registrar(device::Registrar* registrar) { registrar_ = registrar; }
 
@@ -196,8 +199,14 @@ class AmEngine final : public device::PacketSink {
   };
 
   // setup and lookup
-  Peer* peer_for(Endpoint e);
-  device::Lane* lane_for(Peer& peer);
+  // (inline: every packet and every send asks both)
+  Peer* peer_for(Endpoint e) {
+    if (e.task >= shape_.tasks || e.context >= shape_.contexts) return nullptr;
+    return &peers_[std::size_t{e.task} * shape_.contexts + e.context];
+  }
+  device::Lane* lane_for(Peer& peer) { return peer.lane != nullptr ? peer.lane : make_lane(peer); }
+  device::Lane* make_lane(Peer& peer);
+  void find_polled();  // polled_: the devices whose wants_progress() says so
   Status check_send(const SendParams& p) const;
   Request* acquire();
   void mark_busy(Peer& peer);
@@ -211,6 +220,8 @@ class AmEngine final : public device::PacketSink {
   static void on_child_fence(void* cookie, Status s);
   void on_fence(Peer& peer, const wire::PacketView& v);
   std::size_t service(Peer& peer);
+  std::size_t service_busy();
+  std::size_t run_deferred();  // posted work, accepted and ready requests
   void push_control(Peer& peer, const Control& c);
   static void on_send_local(void* cookie, Status s);
   void settle(Request& r);
@@ -235,7 +246,7 @@ class AmEngine final : public device::PacketSink {
   // peer failure (am_failure.cpp)
   void fail_peer(Peer& peer, Status why);
   void keepalive();
-  void maybe_keepalive();
+  void maybe_keepalive();  // every 64th advance() (it reads the clock)
 
   // the rendezvous (am_rndv.cpp)
   void consider_stop(Peer& peer, bool first_packet);
@@ -262,6 +273,7 @@ class AmEngine final : public device::PacketSink {
   ContextStats& stats_;
   device::Registrar* registrar_ = nullptr;
   std::vector<device::Device*> devices_;
+  std::vector<device::Device*> polled_;  // those advance() polls, flushes, asks for credit
   std::vector<Peer> peers_;           // by task * contexts + context
   std::vector<device::Lane*> lanes_;  // every lane made so far
   std::vector<Peer*> busy_;

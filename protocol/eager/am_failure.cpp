@@ -136,7 +136,7 @@ void AmEngine::keepalive() {
 
 // Called from advance(): looks at the clock every 64 advances.
 void AmEngine::maybe_keepalive() {
-  if (shape_.keepalive_ms == 0 || (++advances_ & 63) != 0) return;
+  if (shape_.keepalive_ms == 0) return;
   const std::int64_t now = device::coarse_now_ns();
   if (now < next_keepalive_ns_) return;
   if (next_keepalive_ns_ != 0) keepalive();

@@ -14,6 +14,31 @@ constexpr std::size_t kBadRendezvous = 9;
 }  // namespace
 
 std::size_t AmEngine::advance() {
+  // The idle path (a poll with nothing in) is what a waiting process runs
+  // between arrivals, and half of it lies on average between an arrival and
+  // its handler: what is rarely there is checked once, done out of line.
+  std::size_t work = 0;
+  if (!posted_.empty() || !accepted_.empty() || !ready_.empty()) work += run_deferred();
+  // (by index, here and below: a handler's send may make a lane, and that
+  // may change polled_)
+  for (std::size_t i = 0; i < polled_.size(); ++i) work += polled_[i]->progress(*this, 64);
+  for (std::size_t i = 0; i < lanes_.size(); ++i) work += lanes_[i]->fifo().complete();
+  if (acks_.advance(stats_.packets_received, [this](std::uint32_t p, const AckDispatcher::Range& r) {
+        emit_ack(p, r);
+      })) {
+    // A lull: reception credit goes back too (shm ring cells, verbs receives).
+    std::size_t returned = 0;
+    for (std::size_t i = 0; i < polled_.size(); ++i) returned += polled_[i]->return_credit();
+    if (returned != 0) ++stats_.credit_returns;
+  }
+  if (acks_.unacked() != 0) ++work;  // answers still owed: not idle yet
+  if ((++advances_ & 63) == 0) maybe_keepalive();
+  if (!busy_.empty()) work += service_busy();
+  for (std::size_t i = 0; i < polled_.size(); ++i) polled_[i]->flush();  // what ring() held back for a batch
+  return work;
+}
+
+std::size_t AmEngine::run_deferred() {
   std::size_t work = accepted_.size() + ready_.size() + posted_.size();
   if (!posted_.empty()) {
     running_.swap(posted_);  // work it posts runs in the next advance()
@@ -27,18 +52,11 @@ std::size_t AmEngine::advance() {
     ready_.pop_back();
     settle(*r);
   }
-  for (device::Device* d : devices_) work += d->progress(*this, 64);
-  for (std::size_t i = 0; i < lanes_.size(); ++i) work += lanes_[i]->fifo().complete();
-  if (acks_.advance(stats_.packets_received, [this](std::uint32_t p, const AckDispatcher::Range& r) {
-        emit_ack(p, r);
-      })) {
-    // A lull: reception credit goes back too (shm ring cells, verbs receives).
-    std::size_t returned = 0;
-    for (device::Device* d : devices_) returned += d->return_credit();
-    if (returned != 0) ++stats_.credit_returns;
-  }
-  if (acks_.unacked() != 0) ++work;  // answers still owed: not idle yet
-  maybe_keepalive();
+  return work;
+}
+
+std::size_t AmEngine::service_busy() {
+  std::size_t work = 0;
   for (std::size_t i = 0; i < busy_.size(); ++i) work += service(*busy_[i]);
   std::size_t kept = 0;
   for (Peer* p : busy_) {
@@ -48,7 +66,6 @@ std::size_t AmEngine::advance() {
       p->busy = false;
   }
   busy_.resize(kept);
-  for (device::Device* d : devices_) d->flush();  // what ring() held back for a batch
   return work;
 }
 

@@ -99,10 +99,12 @@ std::size_t SelfDevice::drain_lane(SelfLane& lane) {
   return done - start;
 }
 
+// A task with one context only ever hears from itself: nothing to poll
+// until it sends to itself.
+bool SelfDevice::wants_progress() const { return lanes_.size() != 1 || lanes_[0] != nullptr; }
+
 std::size_t SelfDevice::progress(device::PacketSink& sink, std::size_t budget) {
-  // A task with one context only ever hears from itself: nothing to poll
-  // until it sends to itself.
-  if (lanes_.size() == 1 && !lanes_[0]) return 0;
+  if (!wants_progress()) return 0;
   std::size_t work = 0;
   for (auto& l : lanes_) {
     if (!l) continue;

@@ -66,6 +66,7 @@ class SelfDevice final : public device::Device {
   bool can_reach(Endpoint peer) const override;
   device::Lane* lane(Endpoint peer) override;
   std::size_t progress(device::PacketSink& sink, std::size_t budget) override;
+  bool wants_progress() const override;
   unsigned reception_load() const override;
 
   // For deterministic tests: while held, the lane to target context keeps

@@ -82,6 +82,10 @@ class Device {
   // Moves descriptors and counters, and hands up to budget arrivals to sink.
   // Returns how much work was done (0: idle).
   virtual std::size_t progress(PacketSink& sink, std::size_t budget) = 0;
+  // false while progress() cannot find anything (a device that only hears
+  // through lanes of its own, and has none yet): the engine does not poll
+  // it, and asks again each time it makes a lane.
+  virtual bool wants_progress() const { return true; }
   // How much of the context's reception buffers (queue cells, posted receive
   // buffers) is in use, in percent: an input of the receiver's stop policy.
   virtual unsigned reception_load() const { return 0; }
