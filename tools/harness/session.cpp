@@ -113,9 +113,10 @@ void put(Context& c, const RdmaParams& p) {
 // asked for, else with send(). memory: buf's registration, so a message the
 // receiver stops needs none of its own (perftest registers its buffers
 // once, too).
-Status send_data(Context& c, Endpoint to, const std::byte* buf, std::size_t len, const Memory* memory,
-                 Callback done = {}, Callback remote_done = {}) {
-  if (!done && !remote_done && len <= c.immediate_limit(to)) {
+// immediate_limit: c.immediate_limit(to), asked once per run (not per message).
+Status send_data(Context& c, Endpoint to, std::size_t immediate_limit, const std::byte* buf, std::size_t len,
+                 const Memory* memory, Callback done = {}, Callback remote_done = {}) {
+  if (!done && !remote_done && len <= immediate_limit) {
     Status s = c.send_immediate({.dest = to, .dispatch = kData, .payload = {buf, len}});
     if (s != StatusCode::no_resource) return s;
   }
@@ -160,7 +161,7 @@ Control read_control(const Incoming& in) {
 class Server {
  public:
   Server(Client& client, Context& c, Endpoint peer, const Options& o)
-      : client_(client), c_(c), peer_(peer), o_(o), buffer_(max_size(o) + 64) {
+      : client_(client), c_(c), peer_(peer), immediate_(c.immediate_limit(peer)), o_(o), buffer_(max_size(o) + 64) {
     check(client_.register_memory(buffer_.data(), buffer_.size(), buffer_memory_));
     check(c_.set_dispatch(kData, {&Server::on_data, this}));
     check(c_.set_dispatch(kControl, {&Server::on_control, this}));
@@ -179,10 +180,10 @@ class Server {
   }
   void echo(std::size_t len) {
     if (!echo_remote_done_) {
-      check(send_data(c_, peer_, buffer_.data(), len, &buffer_memory_));
+      check(send_data(c_, peer_, immediate_, buffer_.data(), len, &buffer_memory_));
       return;
     }
-    check(send_data(c_, peer_, buffer_.data(), len, &buffer_memory_, {}, {&Server::on_remote_done, this}));
+    check(send_data(c_, peer_, immediate_, buffer_.data(), len, &buffer_memory_, {}, {&Server::on_remote_done, this}));
     ++remote_pending_;
   }
   // The acks this side sent, printed here and reported to the client: every
@@ -221,7 +222,7 @@ class Server {
     }
     if (!latency) return;
     if (!s->echo_remote_done_) {
-      check(send_data(s->c_, s->peer_, in.payload.data(), in.payload.size(), nullptr));
+      check(send_data(s->c_, s->peer_, s->immediate_, in.payload.data(), in.payload.size(), nullptr));
       return;
     }
     // send() reads the payload until local_done: from the buffer, not from
@@ -264,6 +265,7 @@ class Server {
   Client& client_;
   Context& c_;
   Endpoint peer_;
+  std::size_t immediate_;
   const Options& o_;
   std::vector<std::byte> buffer_;
   Memory buffer_memory_;
@@ -282,7 +284,13 @@ class Server {
 class Driver {
  public:
   Driver(Client& client, Context& c, Endpoint peer, const Options& o)
-      : client_(client), c_(c), peer_(peer), o_(o), send_(max_size(o) + 64), recv_(max_size(o) + 64) {
+      : client_(client),
+        c_(c),
+        peer_(peer),
+        immediate_(c.immediate_limit(peer)),
+        o_(o),
+        send_(max_size(o) + 64),
+        recv_(max_size(o) + 64) {
     for (std::size_t i = 0; i < send_.size(); ++i) send_[i] = static_cast<std::byte>(i * 13);
     check(client_.register_memory(send_.data(), send_.size(), send_memory_));
     check(client_.register_memory(recv_.data(), recv_.size(), recv_memory_));
@@ -394,10 +402,10 @@ class Driver {
   void send_round(std::size_t size) {
     replied_ = false;
     if (o_.remote_done) {
-      check(send_data(c_, peer_, send_.data(), size, &send_memory_, {}, {&Driver::on_remote_done, this}));
+      check(send_data(c_, peer_, immediate_, send_.data(), size, &send_memory_, {}, {&Driver::on_remote_done, this}));
       ++remote_pending_;
     } else {
-      check(send_data(c_, peer_, send_.data(), size, &send_memory_));
+      check(send_data(c_, peer_, immediate_, send_.data(), size, &send_memory_));
     }
     wait(replied_);
   }
@@ -492,8 +500,8 @@ class Driver {
     switch (o_.test) {
       case Test::send_bw:
         // --remote_done: a send leaves the window when the receiver answered it.
-        if (o_.remote_done) return send_data(c_, peer_, send_.data(), size, &send_memory_, {}, done);
-        return send_data(c_, peer_, send_.data(), size, &send_memory_, done);
+        if (o_.remote_done) return send_data(c_, peer_, immediate_, send_.data(), size, &send_memory_, {}, done);
+        return send_data(c_, peer_, immediate_, send_.data(), size, &send_memory_, done);
       case Test::write_bw:
         return c_.put({.dest = peer_, .local = &local_, .remote = key_, .bytes = size, .local_done = done});
       case Test::read_bw:
@@ -543,6 +551,7 @@ class Driver {
   Client& client_;
   Context& c_;
   Endpoint peer_;
+  std::size_t immediate_;
   const Options& o_;
   std::vector<std::byte> send_, recv_;
   Memory send_memory_, recv_memory_;
