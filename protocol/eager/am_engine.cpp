@@ -121,7 +121,7 @@ Status AmEngine::send_immediate(const SendImmediateParams& p) {
   const auto n = static_cast<std::uint32_t>(p.payload.size());
   build_short(*d, p.dispatch, p.header, p.payload);
   lane->fifo().commit();
-  lane->ring();
+  ring(*lane);
   ++stats_.messages_sent;
   ++stats_.packets_sent;
   stats_.bytes_sent += n;
@@ -149,7 +149,7 @@ Status AmEngine::send(const SendParams& p) {
       if (keyed) key.local_key = p.memory->local_key();
       build_short(*d, p.dispatch, p.header, p.payload, keyed ? &key : nullptr);
       lane->fifo().commit(p.local_done);
-      lane->ring();
+      ring(*lane);
       ++stats_.messages_sent;
       ++stats_.packets_sent;
       stats_.bytes_sent += n;
@@ -224,7 +224,7 @@ Status AmEngine::rdma(device::DescriptorKind kind, const RdmaParams& p, std::byt
       d->rdma = x;
       peer->lane->fifo().commit(p.local_done);
       if (kind == device::DescriptorKind::get) peer->last_get = peer->lane->fifo().injected();
-      peer->lane->ring();
+      ring(*peer->lane);
       return Status::success();
     }
   }
@@ -403,7 +403,7 @@ std::size_t AmEngine::service(Peer& peer) {
   }
   peer.controls.erase(peer.controls.begin(), peer.controls.begin() + static_cast<std::ptrdiff_t>(sent));
   if (!peer.controls.empty()) {
-    if (work != 0) peer.lane->ring();
+    if (work != 0) ring(*peer.lane);
     return work;
   }
   while (Request* r = peer.head) {
@@ -415,7 +415,7 @@ std::size_t AmEngine::service(Peer& peer) {
     if (peer.head == nullptr) peer.tail = nullptr;
     ++work;
   }
-  if (work != 0) peer.lane->ring();
+  if (work != 0) ring(*peer.lane);
   return work;
 }
 

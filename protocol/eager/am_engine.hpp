@@ -207,6 +207,12 @@ class AmEngine final : public device::PacketSink {
   device::Lane* lane_for(Peer& peer) { return peer.lane != nullptr ? peer.lane : make_lane(peer); }
   device::Lane* make_lane(Peer& peer);
   void find_polled();  // polled_: the devices whose wants_progress() says so
+  // Every ring() goes through here: advance() flushes the devices only
+  // after one (a device holds work requests back only in ring()).
+  void ring(device::Lane& lane) {
+    rung_ = true;
+    lane.ring();
+  }
   Status check_send(const SendParams& p) const;
   Request* acquire();
   void mark_busy(Peer& peer);
@@ -230,6 +236,15 @@ class AmEngine final : public device::PacketSink {
   // receiving (am_receive.cpp)
   // A decoded packet from origin, whatever form it came in.
   void handle(Endpoint origin, const wire::PacketView& v);
+  // The peer a packet came from, counted; nullptr: the packet is dropped
+  // (counted as malformed, or as from a failed peer).
+  Peer* admit(Endpoint origin);
+  // A new message from peer: what it had going ends (see on_first()).
+  void begin_message(Peer& peer);
+  // A message that came whole to its handler, then its answer if it wants
+  // one (seq != 0); false when no handler has its dispatch id.
+  bool deliver_whole(Peer& peer, std::uint16_t dispatch, std::span<const std::byte> user_header,
+                     std::span<const std::byte> payload, std::uint64_t seq, bool wants_answer);
   void on_first(Peer& peer, const wire::PacketView& v);
   void on_more(Peer& peer, const wire::PacketView& v);
   void on_ack(Peer& peer, const wire::PacketView& v);
@@ -292,6 +307,7 @@ class AmEngine final : public device::PacketSink {
   static constexpr std::size_t kKeepaliveBatch = 128;  // peers probed per round at most
   std::size_t keepalive_cursor_ = 0;
   std::uint32_t advances_ = 0;
+  bool rung_ = false;  // a lane rang since the devices were last flushed
   std::int64_t next_keepalive_ns_ = 0;
 };
 

@@ -34,7 +34,10 @@ std::size_t AmEngine::advance() {
   if (acks_.unacked() != 0) ++work;  // answers still owed: not idle yet
   if ((++advances_ & 63) == 0) maybe_keepalive();
   if (!busy_.empty()) work += service_busy();
-  for (std::size_t i = 0; i < polled_.size(); ++i) polled_[i]->flush();  // what ring() held back for a batch
+  if (rung_) {  // what ring() held back for a batch
+    rung_ = false;
+    for (std::size_t i = 0; i < polled_.size(); ++i) polled_[i]->flush();
+  }
   return work;
 }
 
@@ -83,27 +86,41 @@ void AmEngine::on_packet(Endpoint origin, std::span<const std::byte> bytes) {
   handle(origin, v);
 }
 
+// A compact packet is a whole am_short that wants no answer: straight to
+// its handler (what handle() and on_first() would do for it, without the
+// general packet's fields).
 void AmEngine::on_compact_packet(Endpoint origin, std::uint32_t immediate, std::span<const std::byte> rest) {
-  wire::PacketView v;
-  if (wire::DecodeError e = wire::decode_compact(immediate, rest, v); e != wire::DecodeError::none) {
+  wire::CompactView m;
+  if (wire::DecodeError e = wire::decode_compact(immediate, rest, m); e != wire::DecodeError::none) {
     count_malformed(static_cast<std::size_t>(e) - 1);
     return;
   }
-  handle(origin, v);
+  Peer* peer = admit(origin);
+  if (peer == nullptr) return;
+  begin_message(*peer);
+  ++stats_.messages_received;
+  stats_.bytes_received += m.payload.size();
+  deliver_whole(*peer, m.dispatch, m.user_header, m.payload, 0, false);
 }
 
-void AmEngine::handle(Endpoint origin, const wire::PacketView& v) {
+AmEngine::Peer* AmEngine::admit(Endpoint origin) {
   Peer* peer = peer_for(origin);
   if (peer == nullptr || lane_for(*peer) == nullptr) {
     count_malformed(kBadOrigin);
-    return;
+    return nullptr;
   }
   ++peer->heard;
   if (!peer->failure.ok()) {
     ++stats_.packets_from_failed;  // sent before it failed; nobody waits for them now
-    return;
+    return nullptr;
   }
   ++stats_.packets_received;
+  return peer;
+}
+
+void AmEngine::handle(Endpoint origin, const wire::PacketView& v) {
+  Peer* peer = admit(origin);
+  if (peer == nullptr) return;
   switch (v.type()) {
     case wire::PacketType::am_first:
     case wire::PacketType::am_short: on_first(*peer, v); break;
@@ -117,7 +134,7 @@ void AmEngine::handle(Endpoint origin, const wire::PacketView& v) {
   }
 }
 
-void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {
+void AmEngine::begin_message(Peer& peer) {
   Reassembly& rx = peer.rx;
   if (rx.active && rx.stopped == nullptr) {
     // A lane delivers a message's eager packets back to back; a new message
@@ -128,6 +145,26 @@ void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {
   // A stopped message before this one has no eager packets left. (An idle
   // record stays as it is: nothing reads it until a message starts in it.)
   if (rx.active || rx.stopped != nullptr) rx = Reassembly{};
+}
+
+bool AmEngine::deliver_whole(Peer& peer, std::uint16_t dispatch, std::span<const std::byte> user_header,
+                             std::span<const std::byte> payload, std::uint64_t seq, bool wants_answer) {
+  // An id beyond the table names no handler: handled as an unknown one.
+  const Dispatch d = dispatch < kMaxDispatch ? dispatch_[dispatch] : Dispatch{};
+  if (d.fn == nullptr) {
+    ++stats_.unknown_dispatch;
+    stats_.discarded_bytes += payload.size();
+    if (seq != 0) ack(peer, seq, wire::kDispatchMissing, wants_answer);
+    return false;
+  }
+  d.fn(d.cookie, Incoming{peer.endpoint, dispatch, user_header, payload, payload.size(), false}, nullptr);
+  if (seq != 0) ack(peer, seq, 0, wants_answer);
+  return true;
+}
+
+void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {
+  begin_message(peer);
+  Reassembly& rx = peer.rx;
   wire::RendezvousInfo source;
   const bool rndv = (v.header.flags & wire::kRendezvous) != 0;
   if (rndv && !wire::RendezvousInfo::decode(v.rendezvous, v.header.total_len, source)) {
@@ -138,16 +175,16 @@ void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {
   stats_.bytes_received += v.payload.size();
   const bool wants_answer = (v.header.flags & wire::kWantsRemoteDone) != 0;
   const std::uint64_t seq = v.header.offset;  // ack sequence number (0: no answer wanted)
-  const bool whole = v.payload.size() == v.header.total_len;
-  // An id beyond the table names no handler: handled as an unknown one.
+  if (v.payload.size() == v.header.total_len) {  // whole
+    if (deliver_whole(peer, v.header.dispatch, v.user_header, v.payload, seq, wants_answer) && rndv)
+      ++stats_.rndv_eager_complete;
+    return;
+  }
+  // (an id beyond the table names no handler, as in deliver_whole())
   const Dispatch d = v.header.dispatch < kMaxDispatch ? dispatch_[v.header.dispatch] : Dispatch{};
   if (d.fn == nullptr) {
     ++stats_.unknown_dispatch;
     stats_.discarded_bytes += v.payload.size();
-    if (whole) {
-      if (seq != 0) ack(peer, seq, wire::kDispatchMissing, wants_answer);
-      return;
-    }
     // Dropped as it comes (or stopped: nobody wants it); acked at the end.
     rx = Reassembly{.active = true, .message_id = v.header.message_id, .ack_seq = seq,
                     .total = v.header.total_len, .received = v.payload.size(), .wants_remote_done = wants_answer,
@@ -155,19 +192,14 @@ void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {
     if (rndv) consider_stop(peer, true);
     return;
   }
-  const Incoming in{peer.endpoint, v.header.dispatch, v.user_header, v.payload,
-                    static_cast<std::size_t>(v.header.total_len), false};
-  if (whole) {
-    d.fn(d.cookie, in, nullptr);
-    if (seq != 0) ack(peer, seq, 0, wants_answer);
-    if (rndv) ++stats_.rndv_eager_complete;
-    return;
-  }
   Receive recv;
   // A message can wait for its buffer when it can be stopped and a record
   // is free for it (stop() below then cannot fail).
   const bool can_defer = rndv && !inbound_.exhausted();
-  d.fn(d.cookie, Incoming{in.origin, in.dispatch, in.header, {}, in.total_bytes, can_defer}, &recv);
+  d.fn(d.cookie,
+       Incoming{peer.endpoint, v.header.dispatch, v.user_header, {}, static_cast<std::size_t>(v.header.total_len),
+                can_defer},
+       &recv);
   Deferred* defer = can_defer && recv.buffer == nullptr ? recv.defer : nullptr;
   rx = Reassembly{.active = true, .message_id = v.header.message_id, .ack_seq = seq,
                   .total = v.header.total_len, .received = v.payload.size(), .buffer = static_cast<std::byte*>(recv.buffer),

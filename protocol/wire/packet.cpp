@@ -122,18 +122,27 @@ std::uint32_t compact_short(std::uint16_t dispatch, std::uint16_t header_len) {
   return kCompactTag << 24 | std::uint32_t{header_len & 0xFFu} << 16 | dispatch;
 }
 
-DecodeError decode_compact(std::uint32_t immediate, std::span<const std::byte> rest, PacketView& out) {
+DecodeError decode_compact(std::uint32_t immediate, std::span<const std::byte> rest, CompactView& out) {
   if (immediate >> 24 != kCompactTag) return DecodeError::bad_magic;
   const std::uint16_t header_len = (immediate >> 16) & 0xFFu;
   if (header_len > kMaxUserHeader || header_len > rest.size() ||
       rest.size() - header_len > std::numeric_limits<std::uint32_t>::max())
     return DecodeError::bad_length;
-  const auto payload_len = static_cast<std::uint32_t>(rest.size() - header_len);
-  out.header = make_header(PacketType::am_short, static_cast<std::uint16_t>(immediate & 0xFFFFu), 0, payload_len,
-                           0, payload_len, header_len);
+  out.dispatch = static_cast<std::uint16_t>(immediate & 0xFFFFu);
   out.user_header = rest.first(header_len);
-  out.rendezvous = {};
   out.payload = rest.subspan(header_len);
+  return DecodeError::none;
+}
+
+DecodeError decode_compact(std::uint32_t immediate, std::span<const std::byte> rest, PacketView& out) {
+  CompactView c;
+  if (DecodeError e = decode_compact(immediate, rest, c); e != DecodeError::none) return e;
+  const auto payload_len = static_cast<std::uint32_t>(c.payload.size());
+  out.header = make_header(PacketType::am_short, c.dispatch, 0, payload_len, 0, payload_len,
+                           static_cast<std::uint16_t>(c.user_header.size()));
+  out.user_header = c.user_header;
+  out.rendezvous = {};
+  out.payload = c.payload;
   return DecodeError::none;
 }
 

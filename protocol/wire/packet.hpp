@@ -129,8 +129,16 @@ std::size_t encode_short(std::uint16_t dispatch, std::uint32_t payload_len,
 // length, the dispatch id) and the packet carries the user header and the
 // payload only: a 4096-byte message fills one 4096-byte MTU frame, not two.
 std::uint32_t compact_short(std::uint16_t dispatch, std::uint16_t header_len);
+// What a compact packet says: an am_short is nothing more.
+struct CompactView {
+  std::uint16_t dispatch = 0;
+  std::span<const std::byte> user_header;
+  std::span<const std::byte> payload;
+};
 // Checks the immediate as decode() checks a short header (a wrong tag is
-// bad_magic) and fills out as decode() would for the whole packet.
+// bad_magic) and fills out: as decode() would for the whole packet, or
+// with the short message's three parts (the receive path's form).
+DecodeError decode_compact(std::uint32_t immediate, std::span<const std::byte> rest, CompactView& out);
 DecodeError decode_compact(std::uint32_t immediate, std::span<const std::byte> rest, PacketView& out);
 
 PacketHeader make_header(PacketType type, std::uint16_t dispatch, std::uint64_t message_id,

@@ -366,7 +366,9 @@ class Driver {
 
   Row measure(std::size_t size) {
     switch (o_.test) {
-      case Test::send_lat: return latency(size, [&] { send_round(size); });
+      case Test::send_lat:
+        if (!o_.remote_done) return chained_latency(size);
+        return latency(size, [&] { send_round(size); });
       case Test::write_lat:
         sync(size);
         return latency(size, [&] { write_round(size); });
@@ -440,6 +442,36 @@ class Driver {
       if (i >= warmup) ticks[i - warmup + 1] = cycles();
     }
     if (o_.remote_done) drain_remote_dones();
+    return latency_row(size, ticks);
+  }
+
+  // Send latency the way an active-message program plays ping-pong (and the
+  // way the server echoes): the reply's handler (or, for a reply of several
+  // packets, its done callback) stamps the round and sends the next message
+  // itself, so what lies between a reply's arrival and the next send is the
+  // handler, not the rest of advance() and a wait loop. Stamps as latency().
+  Row chained_latency(std::size_t size) {
+    const std::size_t warmup = std::min<std::size_t>(o_.iterations, 16);
+    for (std::size_t i = 0; i < warmup; ++i) send_round(size);
+    std::vector<std::uint64_t> ticks(o_.iterations + 1);
+    chain_ = {.next = ticks.data() + 1, .left = o_.iterations, .size = size};
+    replied_ = false;
+    ticks[0] = cycles();
+    check(send_data(c_, peer_, immediate_, send_.data(), size, &send_memory_));
+    wait(replied_);
+    return latency_row(size, ticks);
+  }
+  // A reply came: the round's stamp, then the next round (or the end).
+  void next_round() {
+    *chain_.next++ = cycles();
+    if (--chain_.left == 0) {
+      replied_ = true;
+      return;
+    }
+    check(send_data(c_, peer_, immediate_, send_.data(), chain_.size, &send_memory_));
+  }
+
+  Row latency_row(std::size_t size, const std::vector<std::uint64_t>& ticks) {
     const double us_per_tick = microseconds_per_cycle() / (o_.test == Test::read_lat ? 1 : 2);
     std::vector<double> samples(o_.iterations);
     for (std::size_t i = 0; i < o_.iterations; ++i)
@@ -516,7 +548,13 @@ class Driver {
     if (!s.ok() && d->failure_.ok()) d->failure_ = s;  // reported after the loop
     d->stamps_[d->completed_++] = cycles();  // cheap enough for every completion
   }
-  static void on_reply_done(void* self, Status) { static_cast<Driver*>(self)->replied_ = true; }
+  static void on_reply_done(void* self, Status) { static_cast<Driver*>(self)->replied(); }
+  void replied() {
+    if (chain_.left != 0)
+      next_round();
+    else
+      replied_ = true;
+  }
   static void on_remote_done(void* self, Status s) {
     auto* d = static_cast<Driver*>(self);
     if (!s.ok() && d->failure_.ok()) d->failure_ = s;
@@ -530,7 +568,7 @@ class Driver {
   static void on_data(void* self, const Incoming&, Receive* recv) {
     auto* d = static_cast<Driver*>(self);
     if (recv == nullptr) {
-      d->replied_ = true;
+      d->replied();
       return;
     }
     recv->buffer = d->recv_.data();
@@ -564,6 +602,11 @@ class Driver {
   std::size_t round_ = 0;  // write latency: rounds since the last sync
   Status failure_;
   std::vector<std::uint64_t> stamps_;  // cycle count at each completion
+  struct Chain {
+    std::uint64_t* next = nullptr;  // where the next round's stamp goes
+    std::size_t left = 0;           // rounds to go (0: no chain running)
+    std::size_t size = 0;
+  } chain_;
 };
 
 void require_backend(Context& c, Endpoint peer, const Options& o) {

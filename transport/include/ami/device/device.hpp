@@ -96,9 +96,9 @@ class Device {
   // Returns how much was returned.
   virtual std::size_t return_credit() { return 0; }
   // Posts what ring() held back for a batch. The engine calls it as its
-  // advance() ends: what a handler or the engine committed inside advance()
-  // is posted before it returns, what the user committed between two
-  // advances by the next one at the latest.
+  // advance() ends, when a lane rang since the last call: what a handler or
+  // the engine committed inside advance() is posted before it returns, what
+  // the user committed between two advances by the next one at the latest.
   virtual void flush() {}
   // The peer is known to have ended by other means (its bootstrap
   // connection closed): the device breaks its lane as if it had found it
