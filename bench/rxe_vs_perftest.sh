@@ -8,12 +8,12 @@
 # VM move by tens of percent from run to run.
 #
 # usage: bench/rxe_vs_perftest.sh [build-dir]
-#        (ROUNDS=3 LAT_ITERS=1000 BW_ITERS=5000 BW_ITERS_LARGE=1000
+#        (ROUNDS=5 LAT_ITERS=1000 BW_ITERS=5000 BW_ITERS_LARGE=1000
 #         SIZES="2 4096 65536" to change; BW_ITERS_LARGE is for sizes above 4 KiB)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-5}
 LAT_ITERS=${LAT_ITERS:-1000}
 BW_ITERS=${BW_ITERS:-5000}
 BW_ITERS_LARGE=${BW_ITERS_LARGE:-1000}
