@@ -245,6 +245,9 @@ class AmEngine final : public device::PacketSink {
   // one (seq != 0); false when no handler has its dispatch id.
   bool deliver_whole(Peer& peer, std::uint16_t dispatch, std::span<const std::byte> user_header,
                      std::span<const std::byte> payload, std::uint64_t seq, bool wants_answer);
+  // The handler of a dispatch id; an id beyond the table names none (an
+  // unknown one).
+  Dispatch handler_for(std::uint16_t id) const { return id < kMaxDispatch ? dispatch_[id] : Dispatch{}; }
   void on_first(Peer& peer, const wire::PacketView& v);
   void on_more(Peer& peer, const wire::PacketView& v);
   void on_ack(Peer& peer, const wire::PacketView& v);

@@ -149,8 +149,7 @@ void AmEngine::begin_message(Peer& peer) {
 
 bool AmEngine::deliver_whole(Peer& peer, std::uint16_t dispatch, std::span<const std::byte> user_header,
                              std::span<const std::byte> payload, std::uint64_t seq, bool wants_answer) {
-  // An id beyond the table names no handler: handled as an unknown one.
-  const Dispatch d = dispatch < kMaxDispatch ? dispatch_[dispatch] : Dispatch{};
+  const Dispatch d = handler_for(dispatch);
   if (d.fn == nullptr) {
     ++stats_.unknown_dispatch;
     stats_.discarded_bytes += payload.size();
@@ -180,8 +179,7 @@ void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {
       ++stats_.rndv_eager_complete;
     return;
   }
-  // (an id beyond the table names no handler, as in deliver_whole())
-  const Dispatch d = v.header.dispatch < kMaxDispatch ? dispatch_[v.header.dispatch] : Dispatch{};
+  const Dispatch d = handler_for(v.header.dispatch);
   if (d.fn == nullptr) {
     ++stats_.unknown_dispatch;
     stats_.discarded_bytes += v.payload.size();
