@@ -393,6 +393,9 @@ void AmEngine::push_control(Peer& peer, const Control& c) {
 std::size_t AmEngine::service(Peer& peer) {
   std::size_t work = 0;
   std::size_t sent = 0;
+  // The lane is rung for whatever went into its FIFO, a request's first
+  // packets too when the rest must wait for slots.
+  const std::uint64_t injected = peer.lane->fifo().injected();
   while (sent < peer.controls.size()) {
     Control& c = peer.controls[sent];
     if (c.type == wire::PacketType::fin && c.mode == Control::kPutInFlight) break;
@@ -403,7 +406,7 @@ std::size_t AmEngine::service(Peer& peer) {
   }
   peer.controls.erase(peer.controls.begin(), peer.controls.begin() + static_cast<std::ptrdiff_t>(sent));
   if (!peer.controls.empty()) {
-    if (work != 0) ring(*peer.lane);
+    if (peer.lane->fifo().injected() != injected) ring(*peer.lane);
     return work;
   }
   while (Request* r = peer.head) {
@@ -415,7 +418,7 @@ std::size_t AmEngine::service(Peer& peer) {
     if (peer.head == nullptr) peer.tail = nullptr;
     ++work;
   }
-  if (work != 0) ring(*peer.lane);
+  if (peer.lane->fifo().injected() != injected) ring(*peer.lane);
   return work;
 }
 
