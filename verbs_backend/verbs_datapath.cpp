@@ -100,7 +100,7 @@ bool VerbsDevice::prepare(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, ibv
     }
     // The compact form goes as a SEND with immediate, without its prefix.
     const std::uint16_t skip =
-        domain_.options().immediate && p.compact_prefix <= p.inline_len ? p.compact_prefix : 0;
+        immediate_ && p.compact_prefix <= p.inline_len ? p.compact_prefix : 0;
     const std::byte* head = p.inline_data + skip;
     const std::uint32_t head_len = p.inline_len - skip;
     const std::uint64_t total = std::uint64_t{head_len} + p.payload_len;
@@ -110,7 +110,7 @@ bool VerbsDevice::prepare(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, ibv
       wr.imm_data = htobe32(p.immediate);
       ++counters_.compact_sent;
     }
-    if (total <= domain_.port().max_inline) {
+    if (total <= max_inline_) {
       wr.send_flags = IBV_SEND_INLINE;  // copied at post time: no key needed
       add_sge(wr, head, head_len, 0);
       add_sge(wr, p.payload, p.payload_len, 0);
@@ -145,7 +145,7 @@ bool VerbsDevice::prepare(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, ibv
     wr.wr.rdma.rkey = x.remote.backend_key;
     add_sge(wr, x.local, static_cast<std::uint32_t>(x.length), x.local_key);
     // A small WRITE goes inline: the data rides in the WR, the NIC fetches nothing.
-    if (!get && x.length <= domain_.port().max_inline) wr.send_flags = IBV_SEND_INLINE;
+    if (!get && x.length <= max_inline_) wr.send_flags = IBV_SEND_INLINE;
     signal = get;
   }
   lane.staging_end_[n & (fifo_depth_ - 1)] = lane.staging_head_;
@@ -157,7 +157,7 @@ bool VerbsDevice::prepare(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, ibv
   // probe. Streams keep one completion per signal_interval, and a WR nobody
   // waits for (send_immediate, a PUT without local_done) costs none.
   ++lane.unsignalled_;
-  signal = signal || lane.unsignalled_ >= domain_.options().signal_interval ||
+  signal = signal || lane.unsignalled_ >= signal_interval_ ||
            n + 1 - fifo.counter().snapshot() >= fifo_depth_ ||
            lane.staging_head_ - lane.staging_signalled_ >= lane.staging_size_ / 4;
   const bool lone = !signal && n == lane.posted_ && n + 1 == fifo.injected() &&
@@ -197,12 +197,29 @@ void VerbsDevice::refuse(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, Stat
 // until doorbell_batch descriptors are ready and go in one chain; flush()
 // and progress() post what is left.
 void VerbsDevice::ring(VerbsLane& lane) {
+  tending_ = true;
   if (lane.rung_epoch_ == ring_epoch_ && lane.fifo().injected() - lane.posted_ < doorbell_batch_) {
     held_ = true;
     return;
   }
   lane.rung_epoch_ = ring_epoch_;
+  if (lane.posted_ + 1 == lane.fifo().injected() && !lane.broken_) return post_one(lane);
   post(lane);
+}
+
+// post() for a lone descriptor (ping-pong traffic), without the chain.
+void VerbsDevice::post_one(VerbsLane& lane) {
+  ibv_send_wr& wr = lane.wr_[0];
+  if (!prepare(lane, lane.posted_, wr, &lane.sge_[0])) {
+    ++counters_.staging_stalls;  // tend_lanes() posts it once completions free the ring
+    return;
+  }
+  wr.next = nullptr;
+  ibv_send_wr* bad = nullptr;
+  const int rc = ibv_post_send(lane.qp_, &wr, &bad);
+  wr.next = &lane.wr_[1];
+  if (rc != 0) return post_failed(lane, "ibv_post_send", rc);
+  ++lane.posted_;
 }
 
 void VerbsDevice::flush() {
@@ -251,6 +268,7 @@ void VerbsDevice::post(VerbsLane& lane) {
 void VerbsDevice::post_failed(VerbsLane& lane, const char* call, int rc) {
   log_qp(lane.qp_, call, errno_of_rc(rc));
   lane.broken_ = true;
+  tending_ = true;
   ++broken_lanes_;
   lane.failure_ = {StatusCode::device_error, "verbs: ibv_post_send failed (see the log)"};
 }
@@ -268,6 +286,7 @@ bool VerbsDevice::abandon(Endpoint peer, Status why) {
   lane->broken_ = true;
   lane->failure_ = why;
   ++broken_lanes_;
+  tending_ = true;
   return true;
 }
 
@@ -306,6 +325,7 @@ void VerbsDevice::break_lane(VerbsLane& lane, std::uint64_t first_failed, Status
                                       "verbs: the lane broke after an operation failed (see the log)"};
   auto& fifo = lane.fifo();
   lane.broken_ = true;
+  tending_ = true;
   lane.failure_ = status == StatusCode::peer_failed ? status : kBrokeAfter;
   ++broken_lanes_;
   log("QP 0x%06x (context %u to task %u context %u): %s (vendor error 0x%x); failing its %llu operations "
@@ -383,13 +403,19 @@ std::size_t VerbsDevice::return_credit() {
 
 // Per lane after polling: post what the staging ring held back, fail what
 // a broken lane was given, and retire an unsignalled run once the lane is
-// quiet.
+// quiet. Only while some lane may need it (tending_): a lane needs nothing
+// more until its next ring() or until it breaks once it has nothing
+// unposted, nothing to fail, and no callback waiting on an unsignalled run
+// without a probe (a probe's completion retires the run by itself).
 std::size_t VerbsDevice::tend_lanes() {
   std::size_t work = 0;
+  tending_ = false;  // (a lane that breaks, or a callback's ring(), sets it again meanwhile)
+  bool again = false;
   for (VerbsLane* lane : active_) {
     auto& fifo = lane->fifo();
     if (lane->broken_) {
       if (fifo.counter().snapshot() < fifo.injected()) work += fifo.fail_pending(lane->failure_);
+      again = again || fifo.counter().snapshot() < fifo.injected();
       continue;
     }
     if (lane->posted_ < fifo.injected()) post(*lane);
@@ -400,7 +426,10 @@ std::size_t VerbsDevice::tend_lanes() {
       post_probe(*lane);
       ++work;
     }
+    again = again || lane->posted_ < fifo.injected() ||
+            (!lane->probe_outstanding_ && lane->retire_target_ < lane->posted_ && fifo.pending_callbacks() != 0);
   }
+  tending_ = tending_ || again;
   return work;
 }
 
@@ -427,7 +456,8 @@ std::size_t VerbsDevice::progress(device::PacketSink& sink, std::size_t budget) 
     if (n < want) break;
   }
   if (queues_.to_repost.size() >= repost_batch_) replenish();
-  std::size_t work = polled + tend_lanes();
+  std::size_t work = polled;
+  if (tending_) work += tend_lanes();
   if (broken_lanes_ != 0) {
     // After tend_lanes() failed what their FIFOs held.
     for (VerbsLane* lane : active_)

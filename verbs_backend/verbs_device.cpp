@@ -43,6 +43,8 @@ VerbsDevice::VerbsDevice(VerbsDomain& domain, std::uint16_t context, std::uint32
       fifo_depth_(fifo_depth),
       repost_batch_(std::clamp<std::uint32_t>(domain.options().srq_depth / 4, 1, 64)),
       doorbell_batch_(domain.options().doorbell_batch),
+      immediate_(domain.options().immediate),
+      signal_interval_(domain.options().signal_interval),
       lanes_(std::size_t{domain.tasks()} * domain.contexts()) {
   if (context >= domain.contexts()) throw Error("verbs: context index out of range");
   if (fifo_depth < 2 || (fifo_depth & (fifo_depth - 1)) != 0)
@@ -86,6 +88,7 @@ device::Lane* VerbsDevice::lane(Endpoint peer) {
   if (!can_reach(peer)) return nullptr;
   const std::size_t i = domain_.lane_index(peer);
   if (!lanes_[i]) {
+    max_inline_ = domain_.port().max_inline;  // known once the domain has made a queue pair
     try {
       lanes_[i] =
           std::make_unique<VerbsLane>(*this, peer, static_cast<std::uint32_t>(i), domain_.qp(context_, peer),

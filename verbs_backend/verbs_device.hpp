@@ -145,6 +145,7 @@ class VerbsDevice final : public device::Device {
   void ring(VerbsLane& lane);
   void post_waiting();
   void post(VerbsLane& lane);
+  void post_one(VerbsLane& lane);
   bool prepare(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, ibv_sge* sge);
   void refuse(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, Status why);
   void mark_signalled(VerbsLane& lane, ibv_send_wr& wr, std::uint64_t n);
@@ -163,8 +164,13 @@ class VerbsDevice final : public device::Device {
   std::uint32_t fifo_depth_;
   std::uint32_t repost_batch_;
   std::uint32_t doorbell_batch_;
+  // The options and port facts prepare() reads, kept at hand.
+  bool immediate_;
+  std::uint32_t max_inline_ = 0;
+  std::uint32_t signal_interval_;
   std::uint64_t ring_epoch_ = 1;  // + 1 at every progress() and flush(): a new burst
   bool held_ = false;             // ring() held a descriptor back since then
+  bool tending_ = false;          // some lane may need tend_lanes() (see there)
   std::vector<std::unique_ptr<VerbsLane>> lanes_;  // by peer task * contexts + peer context
   // Lanes made so far; reserved for all, so a callback that makes a lane
   // while the list is being walked never moves it.

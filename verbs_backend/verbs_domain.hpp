@@ -106,7 +106,13 @@ struct ContextQueues {
   std::vector<ibv_sge> recv_sge;
   std::uint32_t receives_posted = 0;
 
-  const Route* route(std::uint32_t qpn) const;
+  // (Inline for the last one found: a burst comes from one peer.)
+  const Route* route(std::uint32_t qpn) const {
+    if (recent_route != nullptr && recent_route->qpn == qpn) return recent_route;
+    return find_route(qpn);
+  }
+  const Route* find_route(std::uint32_t qpn) const;
+  mutable const Route* recent_route = nullptr;  // into routes, which never change once made
 };
 
 class CmConnector;

@@ -77,10 +77,12 @@ MrOwner register_memory(ibv_pd* pd, void* address, std::size_t bytes, int access
   return mr;
 }
 
-const ContextQueues::Route* ContextQueues::route(std::uint32_t qpn) const {
+const ContextQueues::Route* ContextQueues::find_route(std::uint32_t qpn) const {
   auto it = std::lower_bound(routes.begin(), routes.end(), qpn,
                              [](const Route& r, std::uint32_t n) { return r.qpn < n; });
-  return it != routes.end() && it->qpn == qpn ? &*it : nullptr;
+  if (it == routes.end() || it->qpn != qpn) return nullptr;
+  recent_route = &*it;
+  return recent_route;
 }
 
 VerbsDomain::VerbsDomain(std::uint32_t task, std::uint32_t tasks, std::uint16_t contexts,

@@ -49,12 +49,19 @@ Status AmEngine::set_dispatch(std::uint16_t id, Dispatch dispatch) {
   return Status::success();
 }
 
+namespace {
+std::size_t immediate_bytes(const device::Lane& lane) {
+  return std::min(lane.max_packet(), device::kPacketInlineBytes) - kShortHeader;
+}
+}  // namespace
+
 device::Lane* AmEngine::make_lane(Peer& peer) {
   for (device::Device* d : devices_) {
     if (!d->can_reach(peer.endpoint)) continue;
     peer.lane = d->lane(peer.endpoint);
     if (peer.lane == nullptr) return nullptr;
     peer.device = d;
+    peer.immediate = static_cast<std::uint32_t>(immediate_bytes(*peer.lane));
     lanes_.push_back(peer.lane);
     reached_.push_back(&peer);
     find_polled();
@@ -68,12 +75,6 @@ void AmEngine::find_polled() {
   for (device::Device* d : devices_)
     if (d->wants_progress()) polled_.push_back(d);
 }
-
-namespace {
-std::size_t immediate_bytes(const device::Lane& lane) {
-  return std::min(lane.max_packet(), device::kPacketInlineBytes) - kShortHeader;
-}
-}  // namespace
 
 std::size_t AmEngine::immediate_limit(Endpoint dest) {
   Peer* peer = peer_for(dest);
@@ -106,25 +107,40 @@ Status AmEngine::check_send(const SendParams& p) const {
   return Status::success();
 }
 
+// The common case costs one test per condition and builds no Status;
+// refuse_immediate() names what failed (or makes the peer's first lane).
 Status AmEngine::send_immediate(const SendImmediateParams& p) {
+  Peer* peer = peer_for(p.dest);
+  if (peer == nullptr || peer->lane == nullptr || !peer->failure.ok() || peer->head != nullptr ||
+      p.dispatch >= kMaxDispatch || p.header.size() > wire::kMaxUserHeader ||
+      p.header.size() + p.payload.size() > peer->immediate || (p.header.data() == nullptr && !p.header.empty()) ||
+      (p.payload.data() == nullptr && !p.payload.empty()))
+    return refuse_immediate(p);
+  return inject_immediate(*peer->lane, p);
+}
+
+Status AmEngine::refuse_immediate(const SendImmediateParams& p) {
   if (Status s = check_send(SendParams{p.dest, p.dispatch, p.header, p.payload, {}, {}}); !s.ok()) return s;
   Peer& peer = *peer_for(p.dest);  // (in range: checked)
   if (!peer.failure.ok()) return {StatusCode::peer_failed, "send_immediate: the endpoint's peer failed"};
   device::Lane* lane = lane_for(peer);
   if (lane == nullptr) return {StatusCode::unreachable, "send_immediate: no backend reaches the endpoint"};
-  if (p.header.size() + p.payload.size() > immediate_bytes(*lane))
+  if (p.header.size() + p.payload.size() > peer.immediate)
     return {StatusCode::invalid_argument, "send_immediate: header + payload exceed immediate_limit()"};
   if (peer.head != nullptr)
     return {StatusCode::no_resource, "send_immediate: earlier instructions to the endpoint are queued"};
-  device::Descriptor* d = lane->fifo().try_reserve();
+  return inject_immediate(*lane, p);  // a lane made just now
+}
+
+Status AmEngine::inject_immediate(device::Lane& lane, const SendImmediateParams& p) {
+  device::Descriptor* d = lane.fifo().try_reserve();
   if (d == nullptr) return {StatusCode::no_resource, "send_immediate: injection FIFO is full"};
-  const auto n = static_cast<std::uint32_t>(p.payload.size());
   build_short(*d, p.dispatch, p.header, p.payload);
-  lane->fifo().commit();
-  ring(*lane);
+  lane.fifo().commit();
+  ring(lane);
   ++stats_.messages_sent;
   ++stats_.packets_sent;
-  stats_.bytes_sent += n;
+  stats_.bytes_sent += p.payload.size();
   return Status::success();
 }
 

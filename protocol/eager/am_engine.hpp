@@ -196,6 +196,7 @@ class AmEngine final : public device::PacketSink {
     std::uint64_t heard_at_probe = 0;
     bool busy = false;
     std::uint64_t last_get = 0;  // FIFO position after the newest GET injected on the lane
+    std::uint32_t immediate = 0;  // immediate_limit() to it, once it has a lane
   };
 
   // setup and lookup
@@ -214,6 +215,8 @@ class AmEngine final : public device::PacketSink {
     lane.ring();
   }
   Status check_send(const SendParams& p) const;
+  Status refuse_immediate(const SendImmediateParams& p);
+  Status inject_immediate(device::Lane& lane, const SendImmediateParams& p);
   Request* acquire();
   void mark_busy(Peer& peer);
   void enqueue(Peer& peer, Request& r);
@@ -238,9 +241,20 @@ class AmEngine final : public device::PacketSink {
   void handle(Endpoint origin, const wire::PacketView& v);
   // The peer a packet came from, counted; nullptr: the packet is dropped
   // (counted as malformed, or as from a failed peer).
-  Peer* admit(Endpoint origin);
+  // (Inline for the common case, a live peer with a lane: every packet.)
+  Peer* admit(Endpoint origin) {
+    Peer* peer = peer_for(origin);
+    if (peer == nullptr || peer->lane == nullptr || !peer->failure.ok()) return admit_other(origin);
+    ++peer->heard;
+    ++stats_.packets_received;
+    return peer;
+  }
+  Peer* admit_other(Endpoint origin);
   // A new message from peer: what it had going ends (see on_first()).
-  void begin_message(Peer& peer);
+  void begin_message(Peer& peer) {
+    if (peer.rx.active || peer.rx.stopped != nullptr) end_previous(peer);
+  }
+  void end_previous(Peer& peer);
   // A message that came whole to its handler, then its answer if it wants
   // one (seq != 0); false when no handler has its dispatch id.
   bool deliver_whole(Peer& peer, std::uint16_t dispatch, std::span<const std::byte> user_header,

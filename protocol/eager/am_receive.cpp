@@ -103,7 +103,7 @@ void AmEngine::on_compact_packet(Endpoint origin, std::uint32_t immediate, std::
   deliver_whole(*peer, m.dispatch, m.user_header, m.payload, 0, false);
 }
 
-AmEngine::Peer* AmEngine::admit(Endpoint origin) {
+AmEngine::Peer* AmEngine::admit_other(Endpoint origin) {
   Peer* peer = peer_for(origin);
   if (peer == nullptr || lane_for(*peer) == nullptr) {
     count_malformed(kBadOrigin);
@@ -134,7 +134,7 @@ void AmEngine::handle(Endpoint origin, const wire::PacketView& v) {
   }
 }
 
-void AmEngine::begin_message(Peer& peer) {
+void AmEngine::end_previous(Peer& peer) {
   Reassembly& rx = peer.rx;
   if (rx.active && rx.stopped == nullptr) {
     // A lane delivers a message's eager packets back to back; a new message

@@ -12,6 +12,25 @@
 
 namespace ami::protocol {
 
+// memcpy for the few bytes of a small message, without a call: copies of
+// fixed sizes, overlapping in the middle, which the compiler inlines.
+inline void copy_bytes(std::byte* to, const std::byte* from, std::size_t n) {
+  if (n > 16) {
+    std::memcpy(to, from, n);
+  } else if (n >= 8) {
+    std::memcpy(to, from, 8);
+    std::memcpy(to + n - 8, from + n - 8, 8);
+  } else if (n >= 4) {
+    std::memcpy(to, from, 4);
+    std::memcpy(to + n - 4, from + n - 4, 4);
+  } else if (n >= 2) {
+    std::memcpy(to, from, 2);
+    std::memcpy(to + n - 2, from + n - 2, 2);
+  } else if (n == 1) {
+    *to = *from;
+  }
+}
+
 // Completes d as a packet whose n header bytes are already inline: the
 // payload goes inline too when it fits (so the caller's buffer is free at
 // once), and is referenced otherwise.
@@ -24,7 +43,7 @@ inline void finish_packet(device::Descriptor& d, std::size_t n, std::span<const 
   p.payload_keyed = key != nullptr;
   p.payload_key = key != nullptr ? key->local_key : 0;
   if (n + payload.size() <= device::kPacketInlineBytes) {
-    if (!payload.empty()) std::memcpy(p.inline_data + n, payload.data(), payload.size());
+    copy_bytes(p.inline_data + n, payload.data(), payload.size());
     n += payload.size();
     p.payload = nullptr;
     p.payload_len = 0;

@@ -113,27 +113,6 @@ DecodeError decode(std::span<const std::byte> packet, PacketView& out) {
   return DecodeError::none;
 }
 
-namespace {
-// Immediate: tag (bits 31..24), user header bytes (23..16), dispatch (15..0).
-constexpr std::uint32_t kCompactTag = 0xA0u | kVersion;
-}  // namespace
-
-std::uint32_t compact_short(std::uint16_t dispatch, std::uint16_t header_len) {
-  return kCompactTag << 24 | std::uint32_t{header_len & 0xFFu} << 16 | dispatch;
-}
-
-DecodeError decode_compact(std::uint32_t immediate, std::span<const std::byte> rest, CompactView& out) {
-  if (immediate >> 24 != kCompactTag) return DecodeError::bad_magic;
-  const std::uint16_t header_len = (immediate >> 16) & 0xFFu;
-  if (header_len > kMaxUserHeader || header_len > rest.size() ||
-      rest.size() - header_len > std::numeric_limits<std::uint32_t>::max())
-    return DecodeError::bad_length;
-  out.dispatch = static_cast<std::uint16_t>(immediate & 0xFFFFu);
-  out.user_header = rest.first(header_len);
-  out.payload = rest.subspan(header_len);
-  return DecodeError::none;
-}
-
 DecodeError decode_compact(std::uint32_t immediate, std::span<const std::byte> rest, PacketView& out) {
   CompactView c;
   if (DecodeError e = decode_compact(immediate, rest, c); e != DecodeError::none) return e;
@@ -163,15 +142,6 @@ bool RendezvousInfo::decode(std::span<const std::byte> in, std::uint64_t total, 
     return false;
   out = r;
   return true;
-}
-
-std::size_t encode_short(std::uint16_t dispatch, std::uint32_t payload_len,
-                         std::span<const std::byte> user_header, std::byte* out) {
-  const PacketHeader h = make_header(PacketType::am_short, dispatch, 0, payload_len, 0, payload_len,
-                                     static_cast<std::uint16_t>(user_header.size()));
-  std::memcpy(out, &h, kShortHeaderBytes);
-  if (!user_header.empty()) std::memcpy(out + kShortHeaderBytes, user_header.data(), user_header.size());
-  return kShortHeaderBytes + user_header.size();
 }
 
 std::size_t encode(const PacketHeader& header, std::span<const std::byte> user_header,

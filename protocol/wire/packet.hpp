@@ -14,6 +14,8 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <span>
 #include <string_view>
 
@@ -120,15 +122,28 @@ std::size_t encode(const PacketHeader& header, std::span<const std::byte> user_h
                    std::byte* out);
 
 // The same for an am_short: writes kShortHeaderBytes + user_header.size().
-std::size_t encode_short(std::uint16_t dispatch, std::uint32_t payload_len,
-                         std::span<const std::byte> user_header, std::byte* out);
+// (Inline, with the compact form's two below: they are on every small
+// message's path.)
+inline std::size_t encode_short(std::uint16_t dispatch, std::uint32_t payload_len,
+                                std::span<const std::byte> user_header, std::byte* out) {
+  const PacketHeader h{.magic = kMagic, .version = kVersion, .type = static_cast<std::uint8_t>(PacketType::am_short),
+                       .flags = 0, .dispatch = dispatch, .header_len = static_cast<std::uint16_t>(user_header.size()),
+                       .payload_len = payload_len, .message_id = 0, .total_len = 0, .offset = 0};
+  std::memcpy(out, &h, kShortHeaderBytes);
+  if (!user_header.empty()) std::memcpy(out + kShortHeaderBytes, user_header.data(), user_header.size());
+  return kShortHeaderBytes + user_header.size();
+}
 
 // The compact form of an am_short (device::PacketDescriptor::compact_prefix),
 // for a device that sends a 32-bit immediate with a packet: the immediate
 // stands for the short header (a tag with the version, the user header's
 // length, the dispatch id) and the packet carries the user header and the
 // payload only: a 4096-byte message fills one 4096-byte MTU frame, not two.
-std::uint32_t compact_short(std::uint16_t dispatch, std::uint16_t header_len);
+// Immediate: tag (bits 31..24), user header bytes (23..16), dispatch (15..0).
+inline constexpr std::uint32_t kCompactTag = 0xA0u | kVersion;
+constexpr std::uint32_t compact_short(std::uint16_t dispatch, std::uint16_t header_len) {
+  return kCompactTag << 24 | std::uint32_t{header_len & 0xFFu} << 16 | dispatch;
+}
 // What a compact packet says: an am_short is nothing more.
 struct CompactView {
   std::uint16_t dispatch = 0;
@@ -138,7 +153,17 @@ struct CompactView {
 // Checks the immediate as decode() checks a short header (a wrong tag is
 // bad_magic) and fills out: as decode() would for the whole packet, or
 // with the short message's three parts (the receive path's form).
-DecodeError decode_compact(std::uint32_t immediate, std::span<const std::byte> rest, CompactView& out);
+inline DecodeError decode_compact(std::uint32_t immediate, std::span<const std::byte> rest, CompactView& out) {
+  if (immediate >> 24 != kCompactTag) return DecodeError::bad_magic;
+  const std::uint16_t header_len = (immediate >> 16) & 0xFFu;
+  if (header_len > kMaxUserHeader || header_len > rest.size() ||
+      rest.size() - header_len > std::numeric_limits<std::uint32_t>::max())
+    return DecodeError::bad_length;
+  out.dispatch = static_cast<std::uint16_t>(immediate & 0xFFFFu);
+  out.user_header = rest.first(header_len);
+  out.payload = rest.subspan(header_len);
+  return DecodeError::none;
+}
 DecodeError decode_compact(std::uint32_t immediate, std::span<const std::byte> rest, PacketView& out);
 
 PacketHeader make_header(PacketType type, std::uint16_t dispatch, std::uint64_t message_id,
