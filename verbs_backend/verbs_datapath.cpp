@@ -38,7 +38,8 @@ bool inside_key(const device::RdmaDescriptor& x) {
          x.length <= k.length - (x.remote_address - k.address);
 }
 
-void add_sge(ibv_send_wr& wr, const void* address, std::uint32_t length, std::uint32_t lkey) {
+[[gnu::always_inline]] inline void add_sge(ibv_send_wr& wr, const void* address, std::uint32_t length,
+                                           std::uint32_t lkey) {
   if (length == 0) return;
   wr.sg_list[wr.num_sge++] = ibv_sge{reinterpret_cast<std::uintptr_t>(address), length, lkey};
 }
@@ -81,8 +82,10 @@ std::byte* VerbsLane::stage(std::uint32_t bytes) {
 }
 
 // Turns descriptor n into wr; false when the staging ring is full (n and
-// those after it wait for completions).
-bool VerbsDevice::prepare(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, ibv_sge* sge) {
+// those after it wait for completions). (Always inline: a lone small
+// message's ring() is one function down to ibv_post_send.)
+[[gnu::always_inline]] inline bool VerbsDevice::prepare(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr,
+                                                        ibv_sge* sge) {
   auto& fifo = lane.fifo();
   const device::Descriptor& d = fifo.at(n);
   wr.wr_id = send_wr_id(lane.index_, n, 0);
@@ -196,7 +199,7 @@ void VerbsDevice::refuse(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, Stat
 // or flush()) posts at once, so a lone message leaves now; later ones wait
 // until doorbell_batch descriptors are ready and go in one chain; flush()
 // and progress() post what is left.
-void VerbsDevice::ring(VerbsLane& lane) {
+[[gnu::always_inline]] inline void VerbsDevice::ring(VerbsLane& lane) {
   tending_ = true;
   if (lane.rung_epoch_ == ring_epoch_ && lane.fifo().injected() - lane.posted_ < doorbell_batch_) {
     held_ = true;
@@ -208,7 +211,7 @@ void VerbsDevice::ring(VerbsLane& lane) {
 }
 
 // post() for a lone descriptor (ping-pong traffic), without the chain.
-void VerbsDevice::post_one(VerbsLane& lane) {
+[[gnu::always_inline]] inline void VerbsDevice::post_one(VerbsLane& lane) {
   ibv_send_wr& wr = lane.wr_[0];
   if (!prepare(lane, lane.posted_, wr, &lane.sge_[0])) {
     ++counters_.staging_stalls;  // tend_lanes() posts it once completions free the ring
@@ -221,6 +224,8 @@ void VerbsDevice::post_one(VerbsLane& lane) {
   if (rc != 0) return post_failed(lane, "ibv_post_send", rc);
   ++lane.posted_;
 }
+
+void VerbsLane::ring() { device_.ring(*this); }
 
 void VerbsDevice::flush() {
   if (held_)
@@ -363,7 +368,7 @@ void VerbsDevice::on_send_completion(const ibv_wc& wc) {
   retire(*lane, n + 1);
 }
 
-void VerbsDevice::on_receive_completion(const ibv_wc& wc, device::PacketSink& sink) {
+[[gnu::always_inline]] inline void VerbsDevice::on_receive_completion(const ibv_wc& wc, device::PacketSink& sink) {
   const auto buffer = static_cast<std::uint32_t>(wc.wr_id & 0xFFFFFFFFu);
   --queues_.receives_posted;
   if (wc.status != IBV_WC_SUCCESS) {
@@ -437,11 +442,18 @@ std::size_t VerbsDevice::progress(device::PacketSink& sink, std::size_t budget) 
   // What ring() held back goes first; what a full staging ring stopped goes
   // in tend_lanes(), after the completions that free it.
   flush();
-  std::size_t polled = 0;
   ibv_wc wc[kPollBatch];
-  while (polled < budget) {
-    const int want = static_cast<int>(std::min<std::size_t>(kPollBatch, budget - polled));
-    const int n = ibv_poll_cq(queues_.cq.get(), want, wc);
+  const int want = static_cast<int>(std::min<std::size_t>(kPollBatch, budget));
+  const int n = want > 0 ? ibv_poll_cq(queues_.cq.get(), want, wc) : 0;
+  // An idle poll (what a waiting process spins on) ends here: receives to
+  // repost were counted when they came, and nothing else waits.
+  if (n == 0 && !tending_ && broken_lanes_ == 0) return 0;
+  return progress_rest(sink, budget, wc, n);
+}
+
+std::size_t VerbsDevice::progress_rest(device::PacketSink& sink, std::size_t budget, ibv_wc* wc, int n) {
+  std::size_t polled = 0;
+  for (;;) {
     if (n < 0) {
       log("ibv_poll_cq on context %u: error %d", context_, n);
       break;
@@ -453,7 +465,9 @@ std::size_t VerbsDevice::progress(device::PacketSink& sink, std::size_t budget) 
         on_send_completion(wc[i]);
     }
     polled += static_cast<std::size_t>(n);
-    if (n < want) break;
+    const int want = static_cast<int>(std::min<std::size_t>(kPollBatch, budget - polled));
+    if (n < kPollBatch || want == 0) break;
+    n = ibv_poll_cq(queues_.cq.get(), want, wc);
   }
   if (queues_.to_repost.size() >= repost_batch_) replenish();
   std::size_t work = polled;

@@ -34,7 +34,6 @@ VerbsLane::VerbsLane(VerbsDevice& device, Endpoint peer, std::uint32_t index, ib
   }
 }
 
-void VerbsLane::ring() { device_.ring(*this); }
 
 VerbsDevice::VerbsDevice(VerbsDomain& domain, std::uint16_t context, std::uint32_t fifo_depth)
     : domain_(domain),

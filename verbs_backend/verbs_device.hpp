@@ -153,6 +153,8 @@ class VerbsDevice final : public device::Device {
   void post_failed(VerbsLane& lane, const char* call, int rc);  // breaks the lane
   void on_send_completion(const ibv_wc& wc);
   void on_receive_completion(const ibv_wc& wc, device::PacketSink& sink);
+  // progress() once its first poll found something, or a lane needs tending.
+  std::size_t progress_rest(device::PacketSink& sink, std::size_t budget, ibv_wc* wc, int n);
   void retire(VerbsLane& lane, std::uint64_t counter);
   void break_lane(VerbsLane& lane, std::uint64_t first_failed, Status status, const ibv_wc* wc);
   std::size_t tend_lanes();

@@ -107,18 +107,8 @@ Status AmEngine::check_send(const SendParams& p) const {
   return Status::success();
 }
 
-// The common case costs one test per condition and builds no Status;
-// refuse_immediate() names what failed (or makes the peer's first lane).
-Status AmEngine::send_immediate(const SendImmediateParams& p) {
-  Peer* peer = peer_for(p.dest);
-  if (peer == nullptr || peer->lane == nullptr || !peer->failure.ok() || peer->head != nullptr ||
-      p.dispatch >= kMaxDispatch || p.header.size() > wire::kMaxUserHeader ||
-      p.header.size() + p.payload.size() > peer->immediate || (p.header.data() == nullptr && !p.header.empty()) ||
-      (p.payload.data() == nullptr && !p.payload.empty()))
-    return refuse_immediate(p);
-  return inject_immediate(*peer->lane, p);
-}
-
+// What send_immediate() refused: the Status that names why, or the
+// message after all once the peer's first lane is made.
 Status AmEngine::refuse_immediate(const SendImmediateParams& p) {
   if (Status s = check_send(SendParams{p.dest, p.dispatch, p.header, p.payload, {}, {}}); !s.ok()) return s;
   Peer& peer = *peer_for(p.dest);  // (in range: checked)
@@ -130,18 +120,6 @@ Status AmEngine::refuse_immediate(const SendImmediateParams& p) {
   if (peer.head != nullptr)
     return {StatusCode::no_resource, "send_immediate: earlier instructions to the endpoint are queued"};
   return inject_immediate(*lane, p);  // a lane made just now
-}
-
-Status AmEngine::inject_immediate(device::Lane& lane, const SendImmediateParams& p) {
-  device::Descriptor* d = lane.fifo().try_reserve();
-  if (d == nullptr) return {StatusCode::no_resource, "send_immediate: injection FIFO is full"};
-  build_short(*d, p.dispatch, p.header, p.payload);
-  lane.fifo().commit();
-  ring(lane);
-  ++stats_.messages_sent;
-  ++stats_.packets_sent;
-  stats_.bytes_sent += p.payload.size();
-  return Status::success();
 }
 
 Status AmEngine::send(const SendParams& p) {

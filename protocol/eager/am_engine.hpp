@@ -43,6 +43,7 @@
 #include "ami/params.hpp"
 #include "ami/stats.hpp"
 #include "protocol/ack/ack_dispatcher.hpp"
+#include "protocol/eager/packet_build.hpp"
 #include "protocol/eager/request_pool.hpp"
 #include "protocol/rndv/policy.hpp"
 #include "protocol/wire/packet.hpp"
@@ -75,6 +76,8 @@ class AmEngine final : public device::PacketSink {
 
   Status set_dispatch(std::uint16_t id, Dispatch dispatch);
   Status send(const SendParams& p);
+  // (Inline, below: a small message's whole path from the caller to the
+  // device's ring().)
   Status send_immediate(const SendImmediateParams& p);
   Status accept(std::uint64_t id, std::byte* buffer, Callback done, const Memory* memory);
   Status fence(Endpoint dest, Callback done);
@@ -325,7 +328,32 @@ class AmEngine final : public device::PacketSink {
   std::size_t keepalive_cursor_ = 0;
   std::uint32_t advances_ = 0;
   bool rung_ = false;  // a lane rang since the devices were last flushed
+  bool credit_owed_ = false;  // a device's progress() did something since the last lull's return_credit()
   std::int64_t next_keepalive_ns_ = 0;
 };
+
+// The common case costs one test per condition and builds no Status;
+// refuse_immediate() names what failed (or makes the peer's first lane).
+inline Status AmEngine::send_immediate(const SendImmediateParams& p) {
+  Peer* peer = peer_for(p.dest);
+  if (peer == nullptr || peer->lane == nullptr || !peer->failure.ok() || peer->head != nullptr ||
+      p.dispatch >= kMaxDispatch || p.header.size() > wire::kMaxUserHeader ||
+      p.header.size() + p.payload.size() > peer->immediate || (p.header.data() == nullptr && !p.header.empty()) ||
+      (p.payload.data() == nullptr && !p.payload.empty()))
+    return refuse_immediate(p);
+  return inject_immediate(*peer->lane, p);
+}
+
+inline Status AmEngine::inject_immediate(device::Lane& lane, const SendImmediateParams& p) {
+  device::Descriptor* d = lane.fifo().try_reserve();
+  if (d == nullptr) return {StatusCode::no_resource, "send_immediate: injection FIFO is full"};
+  build_short(*d, p.dispatch, p.header, p.payload);
+  lane.fifo().commit();
+  ring(lane);
+  ++stats_.messages_sent;
+  ++stats_.packets_sent;
+  stats_.bytes_sent += p.payload.size();
+  return Status::success();
+}
 
 }  // namespace ami::protocol

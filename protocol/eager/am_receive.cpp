@@ -21,12 +21,18 @@ std::size_t AmEngine::advance() {
   if (!posted_.empty() || !accepted_.empty() || !ready_.empty()) work += run_deferred();
   // (by index, here and below: a handler's send may make a lane, and that
   // may change polled_)
-  for (std::size_t i = 0; i < polled_.size(); ++i) work += polled_[i]->progress(*this, 64);
+  std::size_t polled = 0;
+  for (std::size_t i = 0; i < polled_.size(); ++i) polled += polled_[i]->progress(*this, 64);
+  credit_owed_ = credit_owed_ || polled != 0;
+  work += polled;
   for (std::size_t i = 0; i < lanes_.size(); ++i) work += lanes_[i]->fifo().complete();
   if (acks_.advance(stats_.packets_received, [this](std::uint32_t p, const AckDispatcher::Range& r) {
         emit_ack(p, r);
-      })) {
-    // A lull: reception credit goes back too (shm ring cells, verbs receives).
+      }) &&
+      credit_owed_) {
+    // A lull: reception credit goes back too (shm ring cells, verbs
+    // receives), once: only a device's progress() takes credit.
+    credit_owed_ = false;
     std::size_t returned = 0;
     for (std::size_t i = 0; i < polled_.size(); ++i) returned += polled_[i]->return_credit();
     if (returned != 0) ++stats_.credit_returns;
@@ -84,6 +90,23 @@ void AmEngine::on_packet(Endpoint origin, std::span<const std::byte> bytes) {
     return;
   }
   handle(origin, v);
+}
+
+// (Always inline: on every small message's path.)
+[[gnu::always_inline]] inline bool AmEngine::deliver_whole(Peer& peer, std::uint16_t dispatch,
+                                                          std::span<const std::byte> user_header,
+                                                          std::span<const std::byte> payload, std::uint64_t seq,
+                                                          bool wants_answer) {
+  const Dispatch d = handler_for(dispatch);
+  if (d.fn == nullptr) {
+    ++stats_.unknown_dispatch;
+    stats_.discarded_bytes += payload.size();
+    if (seq != 0) ack(peer, seq, wire::kDispatchMissing, wants_answer);
+    return false;
+  }
+  d.fn(d.cookie, Incoming{peer.endpoint, dispatch, user_header, payload, payload.size(), false}, nullptr);
+  if (seq != 0) ack(peer, seq, 0, wants_answer);
+  return true;
 }
 
 // A compact packet is a whole am_short that wants no answer: straight to
@@ -145,20 +168,6 @@ void AmEngine::end_previous(Peer& peer) {
   // A stopped message before this one has no eager packets left. (An idle
   // record stays as it is: nothing reads it until a message starts in it.)
   if (rx.active || rx.stopped != nullptr) rx = Reassembly{};
-}
-
-bool AmEngine::deliver_whole(Peer& peer, std::uint16_t dispatch, std::span<const std::byte> user_header,
-                             std::span<const std::byte> payload, std::uint64_t seq, bool wants_answer) {
-  const Dispatch d = handler_for(dispatch);
-  if (d.fn == nullptr) {
-    ++stats_.unknown_dispatch;
-    stats_.discarded_bytes += payload.size();
-    if (seq != 0) ack(peer, seq, wire::kDispatchMissing, wants_answer);
-    return false;
-  }
-  d.fn(d.cookie, Incoming{peer.endpoint, dispatch, user_header, payload, payload.size(), false}, nullptr);
-  if (seq != 0) ack(peer, seq, 0, wants_answer);
-  return true;
 }
 
 void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {

@@ -164,14 +164,15 @@ Status Context::get(const RdmaParams& params) {
 }
 
 std::size_t Context::advance(std::size_t max_loops) {
-  if (!impl_) return 0;
+  detail::ContextImpl* impl = impl_.get();
+  if (impl == nullptr) return 0;
   std::size_t events = 0;
   for (std::size_t i = 0; i < max_loops; ++i) {
-    const std::size_t n = impl_->engine.advance();
+    const std::size_t n = impl->engine.advance();
     events += n;
     if (n == 0) break;
   }
-  impl_->check_connections();
+  impl->check_connections();
   return events;
 }
 
