@@ -151,14 +151,22 @@ std::byte* VerbsLane::stage(std::uint32_t bytes) {
     if (!get && x.length <= max_inline_) wr.send_flags = IBV_SEND_INLINE;
     signal = get;
   }
+  choose_signal(lane, n, wr, signal);
+  return true;
+}
+
+// Signal every signal_interval-th WR, the one after which the FIFO has no
+// free slot (its completion is what frees one), and one after which a
+// quarter of the staging ring waits on unsignalled WRs. And a WR posted
+// alone while no signalled one is in flight (ping-pong traffic) when a
+// callback waits: left unsignalled it would wait for a later WR or a
+// probe. Streams keep one completion per signal_interval, and a WR nobody
+// waits for (send_immediate, a PUT without local_done) costs none.
+// signal: the WR asks for its completion anyway (a GET).
+[[gnu::always_inline]] inline void VerbsDevice::choose_signal(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr,
+                                                              bool signal) {
+  auto& fifo = lane.fifo();
   lane.staging_end_[n & (fifo_depth_ - 1)] = lane.staging_head_;
-  // Signal every signal_interval-th WR, the one after which the FIFO has no
-  // free slot (its completion is what frees one), and one after which a
-  // quarter of the staging ring waits on unsignalled WRs. And a WR posted
-  // alone while no signalled one is in flight (ping-pong traffic) when a
-  // callback waits: left unsignalled it would wait for a later WR or a
-  // probe. Streams keep one completion per signal_interval, and a WR nobody
-  // waits for (send_immediate, a PUT without local_done) costs none.
   ++lane.unsignalled_;
   signal = signal || lane.unsignalled_ >= signal_interval_ ||
            n + 1 - fifo.counter().snapshot() >= fifo_depth_ ||
@@ -167,7 +175,6 @@ std::byte* VerbsLane::stage(std::uint32_t bytes) {
                     fifo.counter().snapshot() >= lane.retire_target_ && fifo.pending_callbacks() != 0;
   if (lone) ++counters_.lone_signalled;
   if (signal || lone) mark_signalled(lane, wr, n);
-  return true;
 }
 
 void VerbsDevice::mark_signalled(VerbsLane& lane, ibv_send_wr& wr, std::uint64_t n) {
@@ -226,6 +233,60 @@ void VerbsDevice::refuse(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, Stat
 }
 
 void VerbsLane::ring() { device_.ring(*this); }
+
+bool VerbsLane::send_compact(std::uint32_t immediate, std::span<const std::byte> head,
+                             std::span<const std::byte> payload) {
+  return device_.send_compact(*this, immediate, head, payload);
+}
+
+// What ring() and post_one() would do with the packet's descriptor, from
+// the packet's parts: only for the first ring of a burst (later ones are
+// held back for a doorbell batch) on a lane with nothing unposted, and for
+// bytes that go inline (copied at post time: the caller's spans are free
+// on return). The FIFO slot is taken all the same, and its descriptor is
+// an empty packet: nothing reads it once the WR is posted.
+[[gnu::always_inline]] inline bool VerbsDevice::send_compact(VerbsLane& lane, std::uint32_t immediate,
+                                                             std::span<const std::byte> head,
+                                                             std::span<const std::byte> payload) {
+  auto& fifo = lane.fifo();
+  const std::uint64_t n = fifo.injected();
+  const std::size_t total = head.size() + payload.size();
+  if (!immediate_ || lane.broken_ || lane.posted_ != n || total > max_inline_ || total > lane.max_packet_ ||
+      (lane.rung_epoch_ == ring_epoch_ && doorbell_batch_ > 1))
+    return false;
+  device::Descriptor* d = fifo.try_reserve();
+  if (d == nullptr) return false;
+  d->kind = device::DescriptorKind::packet;
+  d->packet.inline_len = 0;
+  d->packet.payload = nullptr;
+  d->packet.payload_len = 0;
+  d->packet.compact_prefix = 0;
+  fifo.commit();
+  tending_ = true;
+  lane.rung_epoch_ = ring_epoch_;
+  ibv_send_wr& wr = lane.wr_[0];
+  wr.wr_id = send_wr_id(lane.index_, n, 0);
+  wr.sg_list = &lane.sge_[0];
+  wr.num_sge = 0;
+  wr.opcode = IBV_WR_SEND_WITH_IMM;
+  wr.imm_data = htobe32(immediate);
+  wr.send_flags = IBV_SEND_INLINE;
+  add_sge(wr, head.data(), static_cast<std::uint32_t>(head.size()), 0);
+  add_sge(wr, payload.data(), static_cast<std::uint32_t>(payload.size()), 0);
+  ++counters_.compact_sent;
+  ++counters_.compact_direct;
+  choose_signal(lane, n, wr, false);
+  wr.next = nullptr;
+  ibv_send_wr* bad = nullptr;
+  const int rc = ibv_post_send(lane.qp_, &wr, &bad);
+  wr.next = &lane.wr_[1];
+  if (rc != 0) {
+    post_failed(lane, "ibv_post_send", rc);  // the slot fails with the lane's other operations
+    return true;
+  }
+  ++lane.posted_;
+  return true;
+}
 
 void VerbsDevice::flush() {
   if (held_)

@@ -32,6 +32,7 @@ VerbsLane::VerbsLane(VerbsDevice& device, Endpoint peer, std::uint32_t index, ib
     wr_[i].next = i + 1 < kPostBatch ? &wr_[i + 1] : nullptr;
     wr_[i].sg_list = &sge_[2 * i];
   }
+  sends_compact_ = device.domain_.options().immediate;
 }
 
 

@@ -63,6 +63,10 @@ class VerbsLane final : public device::Lane {
   // Posts every committed descriptor it can (the staging ring may hold some
   // back until completions free it); never runs callbacks.
   void ring() override;
+  // A SEND with immediate of inline bytes, posted at once (the first of a
+  // burst on a lane with nothing unposted); see device::Lane.
+  bool send_compact(std::uint32_t immediate, std::span<const std::byte> head,
+                    std::span<const std::byte> payload) override;
 
   ibv_qp* qp() const { return qp_; }
   bool broken() const { return broken_; }
@@ -130,6 +134,7 @@ class VerbsDevice final : public device::Device {
     std::uint64_t lone_signalled = 0;    // lone WRs signalled (ping-pong), included in signalled
     std::uint64_t refused = 0;           // descriptors refused before the wire
     std::uint64_t compact_sent = 0;      // packets sent in their compact form (SEND with immediate)
+    std::uint64_t compact_direct = 0;    // of those, by send_compact(): no descriptor, posted at once
     std::uint64_t packets_received = 0;
     std::uint64_t receive_errors = 0;
     std::uint64_t dropped = 0;  // receive completions from an unknown QP, or not for a SEND
@@ -147,6 +152,9 @@ class VerbsDevice final : public device::Device {
   void post(VerbsLane& lane);
   void post_one(VerbsLane& lane);
   bool prepare(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, ibv_sge* sge);
+  void choose_signal(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, bool signal);
+  bool send_compact(VerbsLane& lane, std::uint32_t immediate, std::span<const std::byte> head,
+                    std::span<const std::byte> payload);
   void refuse(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, Status why);
   void mark_signalled(VerbsLane& lane, ibv_send_wr& wr, std::uint64_t n);
   void post_probe(VerbsLane& lane);

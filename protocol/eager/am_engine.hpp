@@ -344,12 +344,18 @@ inline Status AmEngine::send_immediate(const SendImmediateParams& p) {
   return inject_immediate(*peer->lane, p);
 }
 
+// A lane that sends the compact form (SEND with immediate) may take the
+// message's parts straight to the wire; else it goes as a descriptor.
 inline Status AmEngine::inject_immediate(device::Lane& lane, const SendImmediateParams& p) {
-  device::Descriptor* d = lane.fifo().try_reserve();
-  if (d == nullptr) return {StatusCode::no_resource, "send_immediate: injection FIFO is full"};
-  build_short(*d, p.dispatch, p.header, p.payload);
-  lane.fifo().commit();
-  ring(lane);
+  if (!lane.sends_compact() ||
+      !lane.send_compact(wire::compact_short(p.dispatch, static_cast<std::uint16_t>(p.header.size())), p.header,
+                         p.payload)) {
+    device::Descriptor* d = lane.fifo().try_reserve();
+    if (d == nullptr) return {StatusCode::no_resource, "send_immediate: injection FIFO is full"};
+    build_short(*d, p.dispatch, p.header, p.payload);
+    lane.fifo().commit();
+    ring(lane);
+  }
   ++stats_.messages_sent;
   ++stats_.packets_sent;
   stats_.bytes_sent += p.payload.size();

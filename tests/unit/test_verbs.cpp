@@ -8,6 +8,7 @@
 #include <infiniband/verbs.h>
 #include <poll.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -419,6 +420,94 @@ TEST_CASE("a packet's compact form goes as a SEND with immediate, without its pr
       CHECK(same);
     }
     CHECK(p.device(0).counters().compact_sent == compact);
+  }
+}
+
+TEST_CASE("send_compact: a small packet's parts straight to the wire, the first of a burst only") {
+  SUBCASE("taken: bytes and immediate arrive as a compact packet; the FIFO slot is counted") {
+    Pair p;
+    Lane& lane = p.lane(0);
+    REQUIRE(lane.sends_compact());
+    const std::size_t max_inline = p.t[0]->domain.port().max_inline;
+    REQUIRE(max_inline >= 64);
+    std::vector<std::byte> bytes(max_inline);
+    for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = pattern(i, 9);
+    struct Sent {
+      std::size_t head, payload;
+    };
+    // Empty parts, a byte, unaligned splits, exactly the inline cap.
+    const Sent sent[] = {{0, 0}, {0, 1}, {3, 0}, {5, 2}, {16, 48}, {7, max_inline - 7}};
+    Sink& sink = p.sink(1);
+    for (std::size_t k = 0; k < std::size(sent); ++k) {
+      CAPTURE(k);
+      const Sent& s = sent[k];
+      const auto imm = static_cast<std::uint32_t>(0xA7000000u + k);
+      const std::uint64_t before = lane.fifo().injected();
+      // Spans are free on return: scribble over them before the packet arrives.
+      std::vector<std::byte> head(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(s.head));
+      std::vector<std::byte> payload(bytes.begin() + static_cast<std::ptrdiff_t>(s.head),
+                                     bytes.begin() + static_cast<std::ptrdiff_t>(s.head + s.payload));
+      REQUIRE(lane.send_compact(imm, head, payload));
+      std::fill(head.begin(), head.end(), std::byte{0});
+      std::fill(payload.begin(), payload.end(), std::byte{0});
+      CHECK(lane.fifo().injected() == before + 1);
+      REQUIRE(p.run_until([&] { return sink.packets.size() == k + 1; }));
+      const auto& got = sink.packets[k];
+      REQUIRE(got.immediate.has_value());
+      CHECK(*got.immediate == imm);
+      REQUIRE(got.bytes.size() == s.head + s.payload);
+      CHECK(std::memcmp(got.bytes.data(), bytes.data(), got.bytes.size()) == 0);
+    }
+    CHECK(p.device(0).counters().compact_direct == std::size(sent));
+    CHECK(p.device(0).counters().compact_sent == std::size(sent));
+    // A descriptor after them, with a callback: its completion retires the
+    // direct ones too, in order.
+    Recorder r(1);
+    const std::byte payload[8] = {};
+    REQUIRE(post_packet(lane, std::span(payload, 8), std::span(payload), r.callback(0)));
+    lane.ring();
+    REQUIRE(p.run_until([&] { return r.calls.size() == 1; }));
+    CHECK(r.calls[0].status.ok());
+    CHECK(lane.fifo().counter().snapshot() == std::size(sent) + 1);
+  }
+  SUBCASE("refused, nothing done: later in a burst, bytes past the inline cap, something unposted") {
+    VerbsOptions o = base_options();
+    o.doorbell_batch = 4;
+    Pair p(o);
+    Lane& lane = p.lane(0);
+    const std::size_t max_inline = p.t[0]->domain.port().max_inline;
+    std::vector<std::byte> big(max_inline + 1);
+    const std::byte two[2] = {std::byte{1}, std::byte{2}};
+    CHECK_FALSE(lane.send_compact(0xA7000000u, {}, big));
+    CHECK(lane.fifo().injected() == 0);
+    REQUIRE(lane.send_compact(0xA7000001u, {}, two));  // the first of the burst
+    CHECK_FALSE(lane.send_compact(0xA7000002u, {}, two));  // the second waits for a doorbell batch
+    CHECK(lane.fifo().injected() == 1);
+    // What the caller does then: a descriptor, held back by ring() ...
+    REQUIRE(post_packet(lane, std::span(two), {}, {}, 0, 0));
+    lane.ring();
+    CHECK(lane.fifo().injected() == 2);
+    // ... and while it waits unposted, nothing may pass it.
+    CHECK_FALSE(lane.send_compact(0xA7000003u, {}, two));
+    Sink& sink = p.sink(1);
+    REQUIRE(p.run_until([&] { return sink.packets.size() == 2; }));
+    CHECK(sink.packets[0].immediate == std::optional<std::uint32_t>(0xA7000001u));
+    CHECK_FALSE(sink.packets[1].immediate.has_value());
+    // A new burst (progress() ran): taken again, behind them.
+    REQUIRE(lane.send_compact(0xA7000004u, {}, two));
+    REQUIRE(p.run_until([&] { return sink.packets.size() == 3; }));
+    CHECK(sink.packets[2].immediate == std::optional<std::uint32_t>(0xA7000004u));
+    CHECK(p.device(0).counters().compact_direct == 2);
+  }
+  SUBCASE("a device that sends no immediates takes none") {
+    VerbsOptions o = base_options();
+    o.immediate = false;
+    Pair p(o);
+    Lane& lane = p.lane(0);
+    const std::byte two[2] = {};
+    CHECK_FALSE(lane.sends_compact());
+    CHECK_FALSE(lane.send_compact(0xA7000000u, {}, two));
+    CHECK(lane.fifo().injected() == 0);
   }
 }
 

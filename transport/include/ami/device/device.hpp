@@ -65,6 +65,25 @@ class Lane {
   // may hold back all but the first since its last progress() or flush(),
   // to post them in one batch; flush() posts them.
   virtual void ring() = 0;
+  // A whole packet in its compact form (PacketDescriptor::compact_prefix),
+  // given as the bytes after the prefix (head, then payload) and the
+  // immediate: a device may send it at once, without a descriptor of it,
+  // when nothing waits before it on the lane. It then takes the packet's
+  // FIFO slot itself (with no callback: the transfer counter passes it as
+  // any other), rings, and returns true; both spans are free on return.
+  // false: nothing was done, the caller injects a descriptor. Worth a try
+  // only where sends_compact() says so.
+  virtual bool send_compact(std::uint32_t immediate, std::span<const std::byte> head,
+                            std::span<const std::byte> payload) {
+    (void)immediate;
+    (void)head;
+    (void)payload;
+    return false;
+  }
+  bool sends_compact() const { return sends_compact_; }
+
+ protected:
+  bool sends_compact_ = false;  // set by a device whose send_compact() can take packets
 
  private:
   Endpoint peer_;
