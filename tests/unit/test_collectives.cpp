@@ -186,6 +186,19 @@ bool wait(Context& c, std::initializer_list<const Done*> dones) {
   return true;
 }
 
+// Advances until arrived() holds (yielding when idle) or 30 s pass: how a
+// rank waits for a peer's message to be here before its own call, by what
+// the Collectives counted, not by how long it slept.
+template <typename Arrived>
+bool advance_until(Context& c, Arrived arrived) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!arrived()) {
+    if (c.advance() == 0) sched_yield();
+    if (std::chrono::steady_clock::now() > end) return false;
+  }
+  return true;
+}
+
 int report(std::uint32_t rank, const std::string& what, int code) {
   std::fprintf(stderr, "rank %u: %s\n", rank, what.c_str());
   return code;
@@ -651,19 +664,21 @@ TEST_CASE("collectives in flight on two geometries at once: the world and the ev
 
 namespace {
 
-// Rank 0 reduces, broadcasts and allgathers 1 MiB while the others come
-// 50 ms late: their data waits at its sender (deferred), never copied.
+// Rank 0 broadcasts and reduces 1 MiB; its children in the broadcast tree
+// call only once its broadcast is here: the data waits at its sender
+// (deferred), never copied, and comes by the rendezvous into place.
 int late_large(Client& client) {
   Context& c = client.context(0);
   Collectives coll(c, kDispatch);
   Geometry& w = coll.world();
+  const CollectiveStats& s = coll.stats();
+  const bool child_of_root = std::has_single_bit(w.rank());
   constexpr std::size_t kMiB = 1 << 20;
   for (int round = 0; round < 3; ++round) {
-    if (w.rank() != 0) {
-      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
-      while (std::chrono::steady_clock::now() < until)
-        if (c.advance() == 0) sched_yield();
-    }
+    // One broadcast deferred per round so far (later rounds may count a
+    // grandchild's reduce contribution too; the first cannot).
+    if (child_of_root && !advance_until(c, [&] { return s.early_deferred >= std::uint64_t(round) + 1; }))
+      return report(w.rank(), "the root's broadcast was not deferred before the call", 5);
     std::vector<std::uint8_t> buf(kMiB, 0xEE);
     if (w.rank() == 0)
       for (std::size_t i = 0; i < kMiB; ++i) buf[i] = pattern(round, i);
@@ -681,11 +696,8 @@ int late_large(Client& client) {
     if (w.rank() == 0 && first_wrong(DataType::float64, ReduceOp::sum, w.size(), recv.data(), count) >= 0) return 4;
   }
   if (!farewell(c, w)) return 6;
-  const CollectiveStats& s = coll.stats();
   std::printf("rank %u: %llu early arrivals, %llu deferred\n", w.rank(),
               static_cast<unsigned long long>(s.early_arrivals), static_cast<unsigned long long>(s.early_deferred));
-  // Rank 0's children had its broadcast before their call.
-  if (std::has_single_bit(w.rank()) && s.early_deferred == 0) return 5;
   return 0;
 }
 
@@ -701,21 +713,26 @@ TEST_CASE("large data before its call waits at its sender and comes straight int
 
 namespace {
 
-// The root comes 30 ms late to reduces of 7 and of 128 Ki elements: the
-// small contributions of its children wait in one early-arrival buffer,
-// combined with one another as they come; the large ones wait at their
-// senders, and the first of them is fetched straight into recv.
+// The root calls reduces of 7 and of 128 Ki elements only once every
+// child's contribution is here: the small ones wait in one early-arrival
+// buffer, combined with one another as they come; the large ones wait at
+// their senders, and the first of them is fetched straight into recv.
+// (A small broadcast from the root after each reduce holds the children
+// back, so every contribution the root counts is for the round it waits
+// for: a leaf's reduce is over as soon as it has sent.)
 int late_root(Client& client) {
   Context& c = client.context(0);
   Collectives coll(c, kDispatch);
   Geometry& w = coll.world();
+  const CollectiveStats& s = coll.stats();
+  const std::uint32_t children = coll::topology::Tree{w.size(), 0}.child_count(0);
+  std::uint64_t rounds = 0;
   for (std::size_t count : {std::size_t{7}, std::size_t{1} << 17}) {
+    const std::uint64_t deferred_before = s.early_deferred;
     for (int round = 0; round < 3; ++round) {
-      if (w.rank() == 0) {
-        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(30);
-        while (std::chrono::steady_clock::now() < until)
-          if (c.advance() == 0) sched_yield();
-      }
+      ++rounds;
+      if (w.rank() == 0 && !advance_until(c, [&] { return s.early_arrivals >= rounds * children; }))
+        return report(w.rank(), "the children's contributions did not arrive before the call", 5);
       const std::vector<std::byte> send = inputs(DataType::int64, ReduceOp::sum, w.rank(), count);
       std::vector<std::byte> recv(send.size());
       Done d;
@@ -723,16 +740,20 @@ int late_root(Client& client) {
                "reduce"))
         return 1;
       if (w.rank() == 0 && first_wrong(DataType::int64, ReduceOp::sum, w.size(), recv.data(), count) >= 0) return 2;
+      std::uint64_t go = w.rank() == 0 ? rounds : 0;
+      Done b;
+      if (!run(c, w.broadcast(0, &go, sizeof go, b.callback()), b, "broadcast")) return 3;
+      if (go != rounds) return report(w.rank(), "the broadcast between the reduces is wrong", 4);
     }
+    if (w.rank() == 0 && count > 7 && s.early_deferred < deferred_before + 3 * children)
+      return report(w.rank(), "large contributions were not deferred", 6);
   }
-  if (!farewell(c, w)) return 3;
-  const CollectiveStats& s = coll.stats();
+  if (!farewell(c, w)) return 7;
   std::printf("rank %u: %llu early arrivals, %llu merged, %llu deferred\n", w.rank(),
               static_cast<unsigned long long>(s.early_arrivals), static_cast<unsigned long long>(s.early_merged),
               static_cast<unsigned long long>(s.early_deferred));
-  const std::uint32_t children = coll::topology::Tree{w.size(), 0}.child_count(0);
-  if (w.rank() == 0 && children >= 2 && s.early_merged == 0) return 4;
-  if (w.rank() == 0 && children >= 1 && s.early_deferred == 0) return 5;
+  if (w.rank() == 0 && children >= 2 && s.early_merged < 3 * (children - 1))
+    return report(w.rank(), "small contributions were not combined before the call", 9);
   return 0;
 }
 
