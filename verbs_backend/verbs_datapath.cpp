@@ -224,6 +224,12 @@ void VerbsDevice::refuse(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, Stat
     ++counters_.staging_stalls;  // tend_lanes() posts it once completions free the ring
     return;
   }
+  post_lone(lane, wr);
+}
+
+// Posts wr (lane.wr_[0]) without the rest of its chain; a failure breaks
+// the lane, and fails wr's slot with the lane's other operations.
+[[gnu::always_inline]] inline void VerbsDevice::post_lone(VerbsLane& lane, ibv_send_wr& wr) {
   wr.next = nullptr;
   ibv_send_wr* bad = nullptr;
   const int rc = ibv_post_send(lane.qp_, &wr, &bad);
@@ -276,15 +282,7 @@ bool VerbsLane::send_compact(std::uint32_t immediate, std::span<const std::byte>
   ++counters_.compact_sent;
   ++counters_.compact_direct;
   choose_signal(lane, n, wr, false);
-  wr.next = nullptr;
-  ibv_send_wr* bad = nullptr;
-  const int rc = ibv_post_send(lane.qp_, &wr, &bad);
-  wr.next = &lane.wr_[1];
-  if (rc != 0) {
-    post_failed(lane, "ibv_post_send", rc);  // the slot fails with the lane's other operations
-    return true;
-  }
-  ++lane.posted_;
+  post_lone(lane, wr);
   return true;
 }
 

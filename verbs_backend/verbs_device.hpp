@@ -151,6 +151,7 @@ class VerbsDevice final : public device::Device {
   void post_waiting();
   void post(VerbsLane& lane);
   void post_one(VerbsLane& lane);
+  void post_lone(VerbsLane& lane, ibv_send_wr& wr);
   bool prepare(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, ibv_sge* sge);
   void choose_signal(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, bool signal);
   bool send_compact(VerbsLane& lane, std::uint32_t immediate, std::span<const std::byte> head,
