@@ -221,12 +221,15 @@ class Server {
       return;
     }
     if (!latency) return;
-    if (!s->echo_remote_done_) {
-      check(send_data(s->c_, s->peer_, s->immediate_, in.payload.data(), in.payload.size(), nullptr));
-      return;
+    if (!s->echo_remote_done_ && in.payload.size() <= s->immediate_) {
+      // Copied into the packet at once.
+      const Status sent = s->c_.send_immediate({.dest = s->peer_, .dispatch = kData, .payload = in.payload});
+      if (sent != StatusCode::no_resource) return check(sent);
     }
     // send() reads the payload until local_done: from the buffer, not from
-    // the arrival, which is gone when the handler returns.
+    // the arrival, which is gone when the handler returns (the registered
+    // buffer goes as it lies: one copy, as the staging of the arrival's
+    // bytes would be).
     std::memcpy(s->buffer_.data(), in.payload.data(), in.payload.size());
     s->echo(in.payload.size());
   }
