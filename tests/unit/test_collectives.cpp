@@ -167,28 +167,10 @@ struct Done {
   }
 };
 
-// Advances until every done fired (yielding when idle: jobs larger than
-// the host's cores share them) or 30 s pass.
-bool wait(Context& c, std::initializer_list<const Done*> dones) {
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  for (;;) {
-    bool all = true;
-    for (const Done* d : dones) all = all && d->fired;
-    if (all) break;
-    if (c.advance() == 0) sched_yield();
-    if (std::chrono::steady_clock::now() > end) return false;
-  }
-  for (const Done* d : dones)
-    if (!d->status.ok()) {
-      std::fprintf(stderr, "collective failed: %s\n", to_string(d->status).c_str());
-      return false;
-    }
-  return true;
-}
-
-// Advances until arrived() holds (yielding when idle) or 30 s pass: how a
-// rank waits for a peer's message to be here before its own call, by what
-// the Collectives counted, not by how long it slept.
+// Advances until arrived() holds (yielding when idle: jobs larger than
+// the host's cores share them) or 30 s pass: how a rank waits for its
+// collectives to end, or for a peer's message to be here before its own
+// call, by what the Collectives counted, not by how long it slept.
 template <typename Arrived>
 bool advance_until(Context& c, Arrived arrived) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -196,6 +178,18 @@ bool advance_until(Context& c, Arrived arrived) {
     if (c.advance() == 0) sched_yield();
     if (std::chrono::steady_clock::now() > end) return false;
   }
+  return true;
+}
+
+// Advances until every done fired or 30 s pass; true if all succeeded.
+bool wait(Context& c, std::initializer_list<const Done*> dones) {
+  if (!advance_until(c, [&] { return std::ranges::all_of(dones, [](const Done* d) { return d->fired; }); }))
+    return false;
+  for (const Done* d : dones)
+    if (!d->status.ok()) {
+      std::fprintf(stderr, "collective failed: %s\n", to_string(d->status).c_str());
+      return false;
+    }
   return true;
 }
 
@@ -835,11 +829,8 @@ int dying_member(Client& client) {
   if (!w.allreduce(send.data(), recv.data(), kCount, DataType::int64, ReduceOp::sum, reduced.callback()).ok())
     return 3;
   if (!w.barrier(met.callback()).ok()) return 4;
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!(reduced.fired && met.fired)) {
-    if (std::chrono::steady_clock::now() > end) return report(me, "the world's collectives never ended", 5);
-    if (c.advance() == 0) sched_yield();
-  }
+  if (!advance_until(c, [&] { return reduced.fired && met.fired; }))
+    return report(me, "the world's collectives never ended", 5);
   if (reduced.status != StatusCode::peer_failed) return report(me, "allreduce: " + to_string(reduced.status), 6);
   if (met.status != StatusCode::peer_failed) return report(me, "barrier: " + to_string(met.status), 7);
   if (errors != 1) return 8;

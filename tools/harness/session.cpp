@@ -109,15 +109,22 @@ void put(Context& c, const RdmaParams& p) {
   }
 }
 
+// send_immediate() of a payload within immediate_limit, copied before it
+// returns; no_resource: nothing was sent (larger, or the FIFO is full).
+// immediate_limit: c.immediate_limit(to), asked once per run (not per message).
+Status try_send_immediate(Context& c, Endpoint to, std::size_t immediate_limit, std::span<const std::byte> payload) {
+  if (payload.size() > immediate_limit) return StatusCode::no_resource;
+  return c.send_immediate({.dest = to, .dispatch = kData, .payload = payload});
+}
+
 // Sends len bytes from buf: immediately when it fits and no callback is
 // asked for, else with send(). memory: buf's registration, so a message the
 // receiver stops needs none of its own (perftest registers its buffers
 // once, too).
-// immediate_limit: c.immediate_limit(to), asked once per run (not per message).
 Status send_data(Context& c, Endpoint to, std::size_t immediate_limit, const std::byte* buf, std::size_t len,
                  const Memory* memory, Callback done = {}, Callback remote_done = {}) {
-  if (!done && !remote_done && len <= immediate_limit) {
-    Status s = c.send_immediate({.dest = to, .dispatch = kData, .payload = {buf, len}});
+  if (!done && !remote_done) {
+    Status s = try_send_immediate(c, to, immediate_limit, {buf, len});
     if (s != StatusCode::no_resource) return s;
   }
   return c.send({.dest = to, .dispatch = kData, .payload = {buf, len}, .local_done = done,
@@ -221,9 +228,8 @@ class Server {
       return;
     }
     if (!latency) return;
-    if (!s->echo_remote_done_ && in.payload.size() <= s->immediate_) {
-      // Copied into the packet at once.
-      const Status sent = s->c_.send_immediate({.dest = s->peer_, .dispatch = kData, .payload = in.payload});
+    if (!s->echo_remote_done_) {
+      const Status sent = try_send_immediate(s->c_, s->peer_, s->immediate_, in.payload);
       if (sent != StatusCode::no_resource) return check(sent);
     }
     // send() reads the payload until local_done: from the buffer, not from
