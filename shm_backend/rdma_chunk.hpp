@@ -15,15 +15,17 @@ enum CellKind : std::uint16_t {
   kPutDataCell = 1,     // RdmaChunk + data to place at the receiver
   kGetRequestCell = 2,  // RdmaChunk: send back [remote_address, + bytes)
   kGetDataCell = 3,     // RdmaChunk + data answering a GET request
+  kPutDoneCell = 4,     // RdmaChunk: the PUT tag names was placed (status 0) or refused
 };
 
 struct RdmaChunk {
   RemoteKey key;                    // put/get request: the target region
   std::uint64_t remote_address = 0; // put: where this chunk goes; get: where the data starts
-  std::uint64_t tag = 0;            // get: the origin's descriptor number, echoed back
-  std::uint64_t offset = 0;         // get data: of this chunk in the GET
+  std::uint64_t tag = 0;            // put, get: the origin's descriptor number, echoed back
+  std::uint64_t offset = 0;         // put, get data: of this chunk in the PUT or GET
   std::uint64_t bytes = 0;          // put/get data: in this cell; get request: in all
-  std::uint32_t status = 0;         // get data: 0, or the StatusCode refusing the GET
+  std::uint64_t total = 0;          // put: bytes in the whole PUT
+  std::uint32_t status = 0;         // get data, put done: 0, or the StatusCode refusing it
   std::uint32_t reserved = 0;
 };
 

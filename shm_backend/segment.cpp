@@ -46,7 +46,7 @@ Mapping map_fd(int fd, std::size_t bytes, int& err) {
 }  // namespace
 
 OwnSegment::OwnSegment(std::uint32_t task, std::uint16_t contexts, std::uint32_t queue_depth,
-                       std::uint32_t cell_bytes)
+                       std::uint32_t cell_bytes, std::uint32_t region_capacity)
     : contexts_(contexts) {
   if (contexts == 0 || contexts > kMaxContexts)
     throw Error("shm: a task may have 1.." + std::to_string(kMaxContexts) + " contexts");
@@ -55,7 +55,9 @@ OwnSegment::OwnSegment(std::uint32_t task, std::uint16_t contexts, std::uint32_t
   const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   const std::size_t queue_bytes =
       round_up(device::ReceptionQueue::bytes_needed(queue_depth, cell_bytes), device::kCacheLine);
-  const std::size_t total = round_up(sizeof(SegmentHeader) + queue_bytes * contexts, page);
+  const std::size_t regions_offset = sizeof(SegmentHeader) + queue_bytes * contexts;
+  const std::size_t total =
+      round_up(regions_offset + sizeof(device::RegionSlot) * std::size_t{region_capacity}, page);
 
   fd_ = ::memfd_create("ami-shm", MFD_CLOEXEC);
   if (fd_ < 0) throw Error("shm: memfd_create", errno);
@@ -84,6 +86,9 @@ OwnSegment::OwnSegment(std::uint32_t task, std::uint16_t contexts, std::uint32_t
     queues_[c] = device::ReceptionQueue::create(mapping_.data() + h->queue_offset[c], queue_depth,
                                                 cell_bytes);
   }
+  h->regions_offset = regions_offset;
+  h->region_capacity = region_capacity;
+  regions_ = new (mapping_.data() + regions_offset) device::RegionSlot[region_capacity];
 }
 
 OwnSegment::~OwnSegment() {
@@ -119,6 +124,12 @@ Status PeerSegment::open(std::uint32_t pid, int fd, std::uint32_t task, std::uin
     if (!device::ReceptionQueue::attach(m.data() + off, h->queue_bytes, queues_[c]))
       return {StatusCode::malformed_packet, "shm: a reception queue in the peer's segment is invalid"};
   }
+  const std::uint64_t table = h->regions_offset;
+  if (table < sizeof(SegmentHeader) || table > m.size() || table % alignof(device::RegionSlot) != 0 ||
+      h->region_capacity > (m.size() - table) / sizeof(device::RegionSlot))
+    return {StatusCode::malformed_packet, "shm: the region table lies outside the peer's segment"};
+  regions_ = reinterpret_cast<const device::RegionSlot*>(m.data() + table);
+  region_capacity_ = h->region_capacity;
   mapping_ = std::move(m);
   return Status::success();
 }

@@ -7,7 +7,9 @@
 // /proc/<pid>/fd/<fd> while its owner is alive (the bootstrap guarantees
 // that) and map it. The segment starts with a versioned header holding
 // offsets only, checked field by field when a peer maps it; after it come
-// one reception queue per context of the owner, each written by every peer.
+// one reception queue per context of the owner, each written by every peer,
+// and the owner's published region table (device::RegionSlot), which peers
+// check a remote key against before they copy into the owner with CMA.
 #pragma once
 
 #include <cstddef>
@@ -15,6 +17,7 @@
 #include <string>
 
 #include "ami/device/reception_queue.hpp"
+#include "ami/device/region_table.hpp"
 #include "ami/status.hpp"
 
 namespace ami::shm {
@@ -23,7 +26,7 @@ inline constexpr std::uint16_t kMaxContexts = 64;
 
 struct alignas(device::kCacheLine) SegmentHeader {
   static constexpr std::uint64_t kMagic = 0x31304D4853494D41ull;  // "AMISHM01"
-  static constexpr std::uint32_t kVersion = 1;
+  static constexpr std::uint32_t kVersion = 2;
 
   std::uint64_t magic;
   std::uint32_t version;
@@ -35,6 +38,9 @@ struct alignas(device::kCacheLine) SegmentHeader {
   std::uint16_t reserved0;
   std::uint32_t queue_bytes;  // bytes of one reception queue
   std::uint64_t queue_offset[kMaxContexts];
+  std::uint64_t regions_offset;    // the published region table
+  std::uint32_t region_capacity;   // its slots
+  std::uint32_t reserved1;
 };
 
 // Owns a mapping; unmaps on destruction. Move-only.
@@ -62,16 +68,18 @@ class Mapping {
 class OwnSegment {
  public:
   OwnSegment(std::uint32_t task, std::uint16_t contexts, std::uint32_t queue_depth,
-             std::uint32_t cell_bytes);
+             std::uint32_t cell_bytes, std::uint32_t region_capacity);
   OwnSegment(OwnSegment&&) = delete;
   ~OwnSegment();
 
   int fd() const { return fd_; }
   device::ReceptionQueue& queue(std::uint16_t context) { return queues_[context]; }
   std::uint16_t contexts() const { return contexts_; }
+  device::RegionSlot* regions() const { return regions_; }
 
  private:
   int fd_ = -1;
+  device::RegionSlot* regions_ = nullptr;
   std::uint16_t contexts_ = 0;
   Mapping mapping_;
   device::ReceptionQueue queues_[kMaxContexts];
@@ -87,10 +95,14 @@ class PeerSegment {
 
   bool valid() const { return static_cast<bool>(mapping_); }
   device::ReceptionQueue& queue(std::uint16_t context) { return queues_[context]; }
+  const device::RegionSlot* regions() const { return regions_; }
+  std::uint32_t region_capacity() const { return region_capacity_; }
 
  private:
   Mapping mapping_;
   device::ReceptionQueue queues_[kMaxContexts];
+  const device::RegionSlot* regions_ = nullptr;
+  std::uint32_t region_capacity_ = 0;
 };
 
 }  // namespace ami::shm

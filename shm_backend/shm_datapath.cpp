@@ -69,7 +69,7 @@ ShmDevice::Step ShmDevice::send_packet(ShmLane& lane, const device::PacketDescri
 ShmDevice::Step ShmDevice::execute(ShmLane& lane, std::uint64_t n) {
   device::Descriptor& d = lane.fifo().at(n);
   if (d.kind == device::DescriptorKind::packet) return send_packet(lane, d.packet);
-  const bool fresh = !lane.get_waiting_ && lane.put_sent_ == 0;
+  const bool fresh = !lane.get_waiting_ && !lane.put_waiting_ && lane.put_sent_ == 0;
   if (fresh && d.rdma.remote.shared_fd != 0) return rdma_mapped(lane, n);
   if (fresh && domain_.cma()) return rdma_cma(lane, n);
   return d.kind == device::DescriptorKind::put ? put_through_ring(lane, n) : get_through_ring(lane, n);
@@ -108,14 +108,23 @@ void ShmDevice::deliver(device::PacketSink& sink, const device::ReceptionQueue::
   }
   RdmaChunk c;
   ShmLane* lane = lane_from(a.origin);
-  if (lane == nullptr || a.data.size() < sizeof c) {
+  if (lane == nullptr) {
+    // From a task this context cannot reach (its segment is not mapped
+    // here): no data can go back, so a GET request would wait for ever
+    // unseen. The sink counts it (and fails the origin if nothing reaches it).
+    ++dropped_;
+    sink.on_unknown_origin(from);
+    return;
+  }
+  if (a.data.size() < sizeof c) {
     ++dropped_;
     return;
   }
   std::memcpy(&c, a.data.data(), sizeof c);
   const auto data = a.data.subspan(sizeof c);
   switch (a.origin.kind) {
-    case kPutDataCell: on_put_data(c, data); break;
+    case kPutDataCell: on_put_data(*lane, c, data); break;
+    case kPutDoneCell: on_put_done(*lane, c); break;
     case kGetRequestCell: on_get_request(from, c); break;
     case kGetDataCell: on_get_data(*lane, c, data); break;
     default: ++dropped_; break;
@@ -132,10 +141,11 @@ bool ShmDevice::abandon(Endpoint peer, Status why) {
   return true;
 }
 
-// Lanes whose peer process exited: what their FIFOs hold fails, GETs being
-// answered for the peer are dropped, and the sink hears of each once —
-// after this context's ring has given up every cell reserved before the
-// exit was seen, so what the peer sent before it died is delivered first.
+// Lanes whose peer process exited — to every context of its task — and
+// lanes failed otherwise: what their FIFOs hold fails, GETs being answered
+// for the peer are dropped, and the sink hears of each once — after this
+// context's ring has given up every cell reserved before the failure was
+// seen, so what the peer sent before it died is delivered first.
 std::size_t ShmDevice::tend_failed_lanes(device::PacketSink& sink) {
   std::size_t work = 0;
   if ((++progress_calls_ & 255) == 0) domain_.watch();
@@ -143,8 +153,15 @@ std::size_t ShmDevice::tend_failed_lanes(device::PacketSink& sink) {
   device::ReceptionQueue& own = domain_.own_queue(context_);
   if (deaths != deaths_seen_) {
     deaths_seen_ = deaths;
-    for (ShmLane* lane : active_)
-      if (domain_.dead(lane->peer().task)) fail_lane(*lane, kPeerExited);
+    // A process that exited takes every context of its task with it: each
+    // of its endpoints fails now, not only those this context has talked to
+    // (lane() makes the others failed). A death is rare; the lanes are
+    // made outside the per-message path.
+    for (std::uint32_t task = 0; task < domain_.tasks(); ++task) {
+      if (!domain_.dead(task)) continue;
+      for (std::uint16_t context = 0; context < domain_.contexts(); ++context)
+        if (device::Lane* l = lane({task, context})) fail_lane(static_cast<ShmLane&>(*l), kPeerExited);
+    }
     std::erase_if(responses_, [&](const GetResponse& r) { return domain_.dead(r.to.task); });
   }
   // (A process can die holding a cell here before any lane to it exists.)

@@ -47,13 +47,19 @@ class ShmLane final : public device::Lane {
   ShmDevice& device_;
   device::ReceptionQueue& target_;
   std::uint32_t pid_;
-  // The head descriptor's progress on the ring-copy path.
+  // The head descriptor's progress on the ring-copy path: a PUT is done
+  // when the peer said it placed (or refused) the bytes.
   std::uint64_t put_sent_ = 0;
+  bool put_waiting_ = false;
+  bool put_answered_ = false;
   bool get_waiting_ = false;
   std::uint64_t get_received_ = 0;
   Status failure_;         // not ok once the peer process exited
   std::uint64_t drain_to_ = 0;  // own ring position: its cells are all below (see tend_failed_lanes)
   bool reported_ = false;  // the sink has been told
+  // The PUT this lane's peer is streaming into this process, if refused.
+  std::uint64_t incoming_put_tag_ = 0;
+  Status incoming_put_status_;
 };
 
 class ShmDevice final : public device::Device {
@@ -85,6 +91,7 @@ class ShmDevice final : public device::Device {
     std::uint64_t sent;
     std::uint64_t tag;
     std::uint32_t status;
+    std::uint16_t kind;  // kGetDataCell, or kPutDoneCell (no data)
   };
 
   // data path (shm_datapath.cpp)
@@ -108,7 +115,8 @@ class ShmDevice final : public device::Device {
   Step rdma_cma(ShmLane& lane, std::uint64_t n);
   Step put_through_ring(ShmLane& lane, std::uint64_t n);
   Step get_through_ring(ShmLane& lane, std::uint64_t n);
-  void on_put_data(const RdmaChunk& c, std::span<const std::byte> data);
+  void on_put_data(ShmLane& lane, const RdmaChunk& c, std::span<const std::byte> data);
+  void on_put_done(ShmLane& lane, const RdmaChunk& c);
   void on_get_request(Endpoint from, const RdmaChunk& c);
   void on_get_data(ShmLane& lane, const RdmaChunk& c, std::span<const std::byte> data);
   std::size_t serve_get_responses();

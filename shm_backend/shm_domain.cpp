@@ -27,10 +27,12 @@ bool cma_allowed() {
 }  // namespace
 
 ShmDomain::ShmDomain(std::uint32_t task, std::uint32_t tasks, std::uint16_t contexts,
-                     const DomainOptions& options, const device::RegionTable& regions)
+                     const DomainOptions& options, device::RegionTable& regions)
     : task_(task), regions_(regions),
-      own_(task, contexts, options.queue_depth, options.cell_bytes), peers_(tasks),
-      cma_(options.cma && cma_allowed()), stall_timeout_ms_(options.stall_timeout_ms) {}
+      own_(task, contexts, options.queue_depth, options.cell_bytes, regions.capacity()), peers_(tasks),
+      cma_(options.cma && cma_allowed()), stall_timeout_ms_(options.stall_timeout_ms) {
+  regions.publish_to(own_.regions());
+}
 
 Status ShmDomain::attach(const PeerAddress& peer) {
   if (peer.task >= peers_.size() || peer.task == task_)

@@ -40,7 +40,7 @@ struct PeerAddress {
 class ShmDomain {
  public:
   ShmDomain(std::uint32_t task, std::uint32_t tasks, std::uint16_t contexts,
-            const DomainOptions& options, const device::RegionTable& regions);
+            const DomainOptions& options, device::RegionTable& regions);
   ~ShmDomain();
   ShmDomain(const ShmDomain&) = delete;
   ShmDomain& operator=(const ShmDomain&) = delete;
@@ -58,6 +58,15 @@ class ShmDomain {
     return task < peers_.size() && peers_[task].segment != nullptr;
   }
   std::uint32_t pid(std::uint32_t task) const { return peers_[task].pid; }
+  // May this process copy into or out of [address, + bytes) of task's
+  // memory with the key? Checked against the region table the peer
+  // publishes in its segment, as the peer itself would check it.
+  Status check_peer_key(std::uint32_t task, const RemoteKey& key, std::uint64_t address,
+                        std::uint64_t bytes) const {
+    const PeerSegment& s = *peers_[task].segment;
+    return device::RegionTable::check_published(s.regions(), s.region_capacity(), regions_.job(), task,
+                                                key, address, bytes);
+  }
 
   // Peer processes that exited. Each context's device calls watch() now and
   // then (it looks at most every 10 ms, whichever context asks); deaths()

@@ -72,9 +72,11 @@ Status ShmDevice::shared_target(const ShmLane& lane, const device::RdmaDescripto
   const auto* h = reinterpret_cast<const SharedRegionHeader*>(v->mapping.data());
   const std::uint32_t generation =
       std::atomic_ref<const std::uint32_t>(h->generation).load(std::memory_order_acquire);
+  // (map_shared() saw at least a header's bytes; the header is the peer's
+  // to write, so its length is checked without adding to it.)
   if (h->magic != SharedRegionHeader::kMagic || h->job != k.job || h->task != k.task ||
       h->region != k.region || generation != k.generation || h->length != k.length ||
-      SharedRegionHeader::kBytes + h->length > v->mapping.size()) {
+      h->length > v->mapping.size() - SharedRegionHeader::kBytes) {
     shared_views_.erase(shared_views_.begin() + (v - shared_views_.data()));  // remap next time
     return {StatusCode::remote_access, "remote key is stale (region freed)"};
   }
@@ -107,6 +109,13 @@ ShmDevice::Step ShmDevice::rdma_cma(ShmLane& lane, std::uint64_t n) {
   const device::Descriptor& d = lane.fifo().at(n);
   const bool put = d.kind == device::DescriptorKind::put;
   const device::RdmaDescriptor& x = d.rdma;
+  // CMA writes wherever it is told: the owner's published table decides,
+  // as the owner itself would (stale, foreign and out-of-range keys).
+  const Status allowed = domain_.check_peer_key(lane.peer().task, x.remote, x.remote_address, x.length);
+  if (!allowed.ok()) {
+    lane.fifo().fail_one(n, allowed);
+    return Step::done;
+  }
   const int err = cma_copy(static_cast<pid_t>(lane.pid_), put, x.local, x.remote_address, x.length);
   if (err == EPERM || err == ENOSYS) {
     std::fprintf(stderr, "ami: shm: CMA refused (%s); PUT and GET now copy through the rings\n",
@@ -119,22 +128,30 @@ ShmDevice::Step ShmDevice::rdma_cma(ShmLane& lane, std::uint64_t n) {
 }
 
 // Streams the PUT's bytes into the peer's ring, a cell at a time; the peer
-// checks the key and places them. Done when the last byte left the buffer.
+// checks the key and places them, and answers the last cell. Done when that
+// answer came, so a refused PUT fails here as it does on every backend.
 ShmDevice::Step ShmDevice::put_through_ring(ShmLane& lane, std::uint64_t n) {
+  if (lane.put_waiting_) {
+    if (!lane.put_answered_) return Step::waiting;
+    lane.put_waiting_ = lane.put_answered_ = false;
+    return Step::done;
+  }
   const device::RdmaDescriptor& x = lane.fifo().at(n).rdma;
   const std::size_t room = lane.target_.max_data() - sizeof(RdmaChunk);
   do {
     auto r = lane.target_.reserve();
     if (!r) return Step::stalled;
     const std::uint64_t chunk = std::min<std::uint64_t>(room, x.length - lane.put_sent_);
-    RdmaChunk c{.key = x.remote, .remote_address = x.remote_address + lane.put_sent_, .bytes = chunk};
+    RdmaChunk c{.key = x.remote, .remote_address = x.remote_address + lane.put_sent_, .tag = n,
+                .offset = lane.put_sent_, .bytes = chunk, .total = x.length};
     std::memcpy(r.data(), &c, sizeof c);
     std::memcpy(r.data() + sizeof c, x.local + lane.put_sent_, chunk);
     if (!commit(lane, r, sizeof c + chunk, kPutDataCell)) return Step::stalled;  // the failed lane fails it
     lane.put_sent_ += chunk;
   } while (lane.put_sent_ < x.length);
   lane.put_sent_ = 0;
-  return Step::done;
+  lane.put_waiting_ = true;
+  return Step::waiting;
 }
 
 // Asks the peer for the bytes; done when they have all come back.
@@ -156,13 +173,46 @@ ShmDevice::Step ShmDevice::get_through_ring(ShmLane& lane, std::uint64_t n) {
   return Step::done;
 }
 
-void ShmDevice::on_put_data(const RdmaChunk& c, std::span<const std::byte> data) {
-  std::byte* target = nullptr;
-  if (c.bytes != data.size() || !domain_.regions().check(c.key, c.remote_address, c.bytes, target).ok()) {
-    ++dropped_;  // refused: outside a registration, stale, or another job's key
+// The whole PUT's range is checked at its first cell, so a refused PUT
+// writes nothing; every cell is checked again (the region may go meanwhile).
+void ShmDevice::on_put_data(ShmLane& lane, const RdmaChunk& c, std::span<const std::byte> data) {
+  if (c.bytes != data.size() || c.offset > c.total || c.bytes > c.total - c.offset) {
+    ++dropped_;  // not a cell an honest peer builds: no answer either
     return;
   }
-  std::memcpy(target, data.data(), data.size());
+  std::byte* target = nullptr;
+  if (c.offset == 0) {
+    lane.incoming_put_tag_ = c.tag;
+    lane.incoming_put_status_ = domain_.regions().check(c.key, c.remote_address, c.total, target);
+  } else if (c.tag != lane.incoming_put_tag_) {
+    ++dropped_;
+    return;
+  }
+  if (lane.incoming_put_status_.ok())
+    lane.incoming_put_status_ = domain_.regions().check(c.key, c.remote_address, c.bytes, target);
+  if (lane.incoming_put_status_.ok())
+    std::memcpy(target, data.data(), data.size());
+  else
+    ++dropped_;  // refused: outside a registration, stale, or another job's key
+  if (c.offset + c.bytes != c.total) return;
+  if (responses_.size() == responses_.capacity()) {  // more answers than lanes: not an honest peer
+    ++dropped_;
+    return;
+  }
+  responses_.push_back(GetResponse{lane.peer(), nullptr, 0, 0, c.tag,
+                                   static_cast<std::uint32_t>(lane.incoming_put_status_.code()),
+                                   kPutDoneCell});
+}
+
+void ShmDevice::on_put_done(ShmLane& lane, const RdmaChunk& c) {
+  auto& fifo = lane.fifo();
+  const std::uint64_t n = fifo.counter().snapshot();
+  if (!lane.put_waiting_ || lane.put_answered_ || c.tag != n || n >= fifo.injected()) {
+    ++dropped_;
+    return;
+  }
+  if (c.status != 0) fifo.fail_one(n, {StatusCode::remote_access, "put: the peer refused the remote key or range"});
+  lane.put_answered_ = true;
 }
 
 void ShmDevice::on_get_request(Endpoint from, const RdmaChunk& c) {
@@ -174,10 +224,11 @@ void ShmDevice::on_get_request(Endpoint from, const RdmaChunk& c) {
     return;
   }
   responses_.push_back(GetResponse{from, source, s.ok() ? c.bytes : 0, 0, c.tag,
-                                   static_cast<std::uint32_t>(s.code())});
+                                   static_cast<std::uint32_t>(s.code()), kGetDataCell});
 }
 
-// Sends as much GET data back as the requesters' rings take.
+// Sends as much GET data (and as many PUT answers) back as the requesters'
+// rings take.
 std::size_t ShmDevice::serve_get_responses() {
   std::size_t work = 0, kept = 0;
   for (GetResponse& g : responses_) {
@@ -189,7 +240,7 @@ std::size_t ShmDevice::serve_get_responses() {
       RdmaChunk c{.tag = g.tag, .offset = g.sent, .bytes = chunk, .status = g.status};
       std::memcpy(r.data(), &c, sizeof c);
       if (chunk != 0) std::memcpy(r.data() + sizeof c, g.source + g.sent, chunk);
-      if (!q.commit(r, static_cast<std::uint32_t>(sizeof c + chunk), me(kGetDataCell))) {
+      if (!q.commit(r, static_cast<std::uint32_t>(sizeof c + chunk), me(g.kind))) {
         if (auto* l = static_cast<ShmLane*>(lane(g.to))) fail_lane(*l, kCellSkipped);  // the answer is lost
         finished = true;
         break;

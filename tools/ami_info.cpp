@@ -26,8 +26,8 @@ void print_config() {
                   static_cast<unsigned long long>(p.max),
                   p.type == ami::ParamType::power_of_two ? ", a power of two" : "");
     if (p.allows_auto) std::printf("# or auto\n");
-    const std::string& value = config.text(p.name);
-    const std::string_view origin = config.origin(p.name);
+    const std::string& value = config.text(p);
+    const std::string_view origin = config.origin(p);
     const char* shown = p.secret && !value.empty() ? "(set, not shown)" : value.c_str();
     std::printf("%.*s=%s%s\n", static_cast<int>(p.name.size()), p.name.data(), shown,
                 origin == "environment" ? "   # from the environment" : "");
@@ -60,7 +60,12 @@ int main(int argc, char** argv) {
     else return usage(argv[0]);
   }
   if (config) {
-    print_config();
+    try {
+      print_config();
+    } catch (const ami::Error& e) {  // a bad AMI_* value: named, as the tools name it
+      std::fprintf(stderr, "ami_info: %s\n", e.what());
+      return 1;
+    }
     return 0;
   }
   std::printf("# ami %s\n", AMI_VERSION);

@@ -9,7 +9,7 @@
 // copied into the lane's registered staging ring), a PUT an RDMA WRITE
 // (inline too when it fits), a GET an RDMA READ.
 //
-// Completion is selective signalling (DESIGN.md, method 1): only every
+// Completion is selective signalling (docs/DESIGN.md, method 1): only every
 // signal_interval-th WR is signalled, plus the one that leaves the FIFO
 // without a free slot, every GET (its data is what its callback waits for)
 // one after which a quarter of the staging ring waits on unsignalled WRs,

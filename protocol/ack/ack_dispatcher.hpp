@@ -1,5 +1,5 @@
 // protocol/ack/ack_dispatcher.hpp — batched, coalesced acknowledgements
-// (DESIGN.md, method 4), for one context.
+// (docs/DESIGN.md, method 4), for one context.
 //
 // A message that wants an answer (a remote-done, a rendezvous the sender
 // holds its buffer for, a fence) carries its origin's ack sequence number:

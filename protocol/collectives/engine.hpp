@@ -1,5 +1,5 @@
 // protocol/collectives/engine.hpp — collectives on active messages
-// (DESIGN.md, method 5): the Engine behind ami::Collectives (the dispatch
+// (docs/DESIGN.md, method 5): the Engine behind ami::Collectives (the dispatch
 // handler, the geometries, the pools, sends and completions) and the
 // per-geometry control structure the handler updates.
 //

@@ -73,6 +73,11 @@ Operation& GeometryImpl::operation(Kind kind) {
 
 Status GeometryImpl::begin(Operation& op, Callback done, const char* busy) {
   if (!failure_.ok()) return failure_;
+  // In a child forked from this Client's process every call on the context
+  // is refused; say so here rather than start an operation that never ends.
+  if (Status s = engine.context.peer_status({engine.task, engine.context.index()});
+      s == StatusCode::not_supported)
+    return s;
   if (op.active || op.done_posted) return {StatusCode::no_resource, busy};
   op.active = true;
   op.done = done;

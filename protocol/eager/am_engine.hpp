@@ -110,6 +110,7 @@ class AmEngine final : public device::PacketSink {
   void on_packet(Endpoint origin, std::span<const std::byte> bytes) override;
   void on_compact_packet(Endpoint origin, std::uint32_t immediate, std::span<const std::byte> rest) override;
   void on_lane_failed(Endpoint peer, Status why) override;
+  void on_unknown_origin(Endpoint origin) override;
 
  private:
   // A stopped message at its receiver, until every byte is in place and the
@@ -243,7 +244,8 @@ class AmEngine final : public device::PacketSink {
   // A decoded packet from origin, whatever form it came in.
   void handle(Endpoint origin, const wire::PacketView& v);
   // The peer a packet came from, counted; nullptr: the packet is dropped
-  // (counted as malformed, or as from a failed peer).
+  // (counted as malformed, as from a failed peer, or as from one this
+  // context has no lane to; see from_unknown_peer()).
   // (Inline for the common case, a live peer with a lane: every packet.)
   Peer* admit(Endpoint origin) {
     Peer* peer = peer_for(origin);
@@ -253,6 +255,8 @@ class AmEngine final : public device::PacketSink {
     return peer;
   }
   Peer* admit_other(Endpoint origin);
+  // Something came from peer by a backend with no lane back to it.
+  void from_unknown_peer(Peer& peer);
   // A new message from peer: what it had going ends (see on_first()).
   void begin_message(Peer& peer) {
     if (peer.rx.active || peer.rx.stopped != nullptr) end_previous(peer);
@@ -286,7 +290,7 @@ class AmEngine final : public device::PacketSink {
   // the rendezvous (am_rndv.cpp)
   void consider_stop(Peer& peer, bool first_packet);
   bool stop(Peer& peer, const rndv::Decision& d);
-  bool take_registration(Inbound& in, const Memory* memory);
+  Status take_registration(Inbound& in, const Memory* memory);
   void get(Peer& peer, Inbound& in, std::uint64_t offset, std::uint64_t bytes);
   static void on_get_done(void* cookie, Status s);
   static void on_put_done(void* cookie, Status s);

@@ -9,6 +9,15 @@
 // refuses later operations to it with peer_failed. Other peers are not
 // touched.
 //
+// A peer here is one endpoint, and everything below fails one endpoint,
+// once; the error handler runs once for it. That a task ended — so every
+// one of its endpoints fails, talked to or not — is known outside the
+// engine, and each endpoint is then reported: by the shm device, which
+// fails a lane to every context of a task whose process exited, and by the
+// context, which abandons every endpoint of a task whose bootstrap
+// connection closed. A lane that breaks alone (a verbs QP in error) fails
+// only its endpoint.
+//
 // A peer that dies while nothing is on its lane is found by keepalives:
 // every AMI_KEEPALIVE_INTERVAL, a peer this context has a lane to that sent
 // nothing since the last look gets a keepalive packet (at most

@@ -128,8 +128,12 @@ void AmEngine::on_compact_packet(Endpoint origin, std::uint32_t immediate, std::
 
 AmEngine::Peer* AmEngine::admit_other(Endpoint origin) {
   Peer* peer = peer_for(origin);
-  if (peer == nullptr || lane_for(*peer) == nullptr) {
+  if (peer == nullptr) {  // names no endpoint of the job
     count_malformed(kBadOrigin);
+    return nullptr;
+  }
+  if (lane_for(*peer) == nullptr) {
+    from_unknown_peer(*peer);
     return nullptr;
   }
   ++peer->heard;
@@ -139,6 +143,26 @@ AmEngine::Peer* AmEngine::admit_other(Endpoint origin) {
   }
   ++stats_.packets_received;
   return peer;
+}
+
+void AmEngine::on_unknown_origin(Endpoint origin) {
+  Peer* peer = peer_for(origin);
+  if (peer == nullptr)
+    count_malformed(kBadOrigin);
+  else
+    from_unknown_peer(*peer);
+}
+
+// Whatever it asked for cannot be answered, and there is no path to tell
+// it so. When no backend here reaches it at all, it fails here, once: what
+// this context would do with it (a collective waiting for its messages,
+// which are dropped) ends with peer_failed, and the error handler says so,
+// instead of the packets vanishing while everyone waits.
+void AmEngine::from_unknown_peer(Peer& peer) {
+  static constexpr Status kUnanswerable{StatusCode::peer_failed,
+                                        "the peer sends to this context, but no backend here reaches it"};
+  ++stats_.packets_from_unknown_peers;
+  if (peer.failure.ok() && lane_for(peer) == nullptr) fail_peer(peer, kUnanswerable);
 }
 
 void AmEngine::handle(Endpoint origin, const wire::PacketView& v) {

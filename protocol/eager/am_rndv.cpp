@@ -52,7 +52,7 @@ bool AmEngine::stop(Peer& peer, const rndv::Decision& d) {
   in.answer_flags = rx.answer_flags;
   in.mode = d.mode;
   in.source = rx.source;
-  if (in.buffer != nullptr && !take_registration(in, rx.memory)) {
+  if (in.buffer != nullptr && !take_registration(in, rx.memory).ok()) {
     inbound_.release(in);
     return false;
   }
@@ -62,7 +62,7 @@ bool AmEngine::stop(Peer& peer, const rndv::Decision& d) {
     *rx.defer = Deferred{in.id(), peer.endpoint, static_cast<std::size_t>(in.total)};
   }
   ++stats_.rndv_stops_by_reason[static_cast<std::size_t>(d.reason)];
-  ++stats_.rndv_stops_by_mode[static_cast<std::size_t>(d.mode) - 1];
+  ++stats_.rndv_stops_by_mode[static_cast<std::size_t>(d.path)];
 
   Control c{.type = wire::PacketType::stop, .mode = static_cast<std::uint16_t>(d.mode),
             .id = rx.message_id, .offset = in.id(), .total = rx.total};
@@ -85,20 +85,24 @@ bool AmEngine::stop(Peer& peer, const rndv::Decision& d) {
   return true;
 }
 
-// GETs [offset, offset + bytes) of the message, in pieces the lane carries.
-// Registers in's buffer, or takes memory's registration when it covers it.
-bool AmEngine::take_registration(Inbound& in, const Memory* m) {
+// Registers in's buffer, or takes memory's registration when it covers it;
+// on failure nothing of in changed. The registrar's status says why.
+Status AmEngine::take_registration(Inbound& in, const Memory* m) {
   if (inside(m, in.buffer, in.total)) {
     in.registration = device::Registration{m->remote_key(), m->local_key(), kBorrowed};
-  } else if (registrar_ == nullptr || !registrar_->acquire(in.buffer, in.total, in.registration).ok()) {
-    return false;
-  } else {
-    in.owns_registration = true;
+    return Status::success();
   }
-  return true;
+  if (registrar_ == nullptr)
+    return {StatusCode::not_registered, "rendezvous: no Memory covers the buffer and the context registers none"};
+  Status s = registrar_->acquire(in.buffer, in.total, in.registration);
+  if (s.ok()) in.owns_registration = true;
+  return s;
 }
 
-// The buffer for a message its handler deferred: GET it all now.
+// The buffer for a message its handler deferred: GET it all now. Only a
+// registration can be missing (no request, record or FIFO slot is taken
+// here: the record is the one the deferral took, the GETs go out as control
+// work); then nothing changed and the message waits for another accept().
 Status AmEngine::accept(std::uint64_t id, std::byte* buffer, Callback done, const Memory* memory) {
   Inbound* in = inbound_.find(id);
   if (in == nullptr || !in->waiting)
@@ -108,9 +112,18 @@ Status AmEngine::accept(std::uint64_t id, std::byte* buffer, Callback done, cons
     return {StatusCode::peer_failed, "accept: the message's sender failed before it arrived"};
   }
   in->buffer = buffer;
-  if (buffer != nullptr && !take_registration(*in, memory)) {
-    in->buffer = nullptr;
-    return {StatusCode::no_resource, "accept: the buffer cannot be registered; the message stays deferred"};
+  if (buffer != nullptr) {
+    const Status s = take_registration(*in, memory);
+    if (!s.ok()) {
+      in->buffer = nullptr;
+      // no_resource: registrations in use fill the cache (or the region
+      // table, or what the NIC may pin); they go as transfers complete.
+      if (s == StatusCode::no_resource)
+        return {StatusCode::no_resource,
+                "accept: every registration the buffer could take is in use (AMI_RCACHE_MAX_ENTRIES, "
+                "AMI_RCACHE_MAX_MB); the message stays deferred: advance and retry"};
+      return {s.code(), "accept: the buffer cannot be registered; the message stays deferred"};
+    }
   }
   in->done = done;
   in->waiting = false;
@@ -121,6 +134,7 @@ Status AmEngine::accept(std::uint64_t id, std::byte* buffer, Callback done, cons
   return Status::success();
 }
 
+// GETs [offset, offset + bytes) of the message, in pieces the lane carries.
 void AmEngine::get(Peer& peer, Inbound& in, std::uint64_t offset, std::uint64_t bytes) {
   const std::uint64_t piece = peer.lane->max_rdma();
   while (bytes != 0) {

@@ -3,14 +3,22 @@
 
 namespace ami::protocol::rndv {
 
+// A wire mode's path is the mode less one (decide() relies on it).
+static_assert(static_cast<unsigned>(StopPath::discard_get) + 1 == static_cast<unsigned>(wire::StopMode::discard_get));
+static_assert(static_cast<unsigned>(StopPath::split_get) + 1 == static_cast<unsigned>(wire::StopMode::split_get));
+static_assert(static_cast<unsigned>(StopPath::stop_put) + 1 == static_cast<unsigned>(wire::StopMode::stop_put));
+
 Decision decide(const Inputs& in) {
   Decision d;
   if (in.received >= in.total) return d;  // nothing left to stop
   const std::uint64_t remaining = in.total - in.received;
   if (in.deferred || !in.has_buffer) {
+    // No buffer to keep eager packets in or to PUT into: the wire's
+    // discard_get, whatever the configured mode (see policy.hpp).
     d.stop = true;
     d.reason = in.deferred ? StopReason::deferred : StopReason::no_buffer;
-    d.mode = wire::StopMode::discard_get;  // and nothing to GET
+    d.mode = wire::StopMode::discard_get;
+    d.path = in.deferred ? StopPath::deferred_get : StopPath::discard;
     return d;
   }
   if (in.zero_copy) {
@@ -33,6 +41,7 @@ Decision decide(const Inputs& in) {
       d.mode = in.first_packet ? wire::StopMode::stop_put : wire::StopMode::split_get;
       break;
   }
+  d.path = static_cast<StopPath>(static_cast<unsigned>(d.mode) - 1);  // the three wire modes come first
   return d;
 }
 

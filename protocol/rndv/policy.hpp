@@ -21,9 +21,14 @@
 // The mode is AMI_RNDV_MODE's unless that is auto: stop_put when stopping at
 // the first packet (the receive buffer is known, so the sender can PUT the
 // rest in one go), split_get later (keep what came, GET the rest from the
-// bottom while the eager packets still in flight fill in from the top). A
-// message whose data is discarded or deferred is stopped with discard_get,
-// and nothing is fetched (for now).
+// bottom while the eager packets still in flight fill in from the top).
+// A message with no buffer cannot follow any of those, whatever
+// AMI_RNDV_MODE says: there is nowhere to keep eager packets (split_get) and
+// no key to PUT into (stop_put). It is stopped as discard_get is on the wire
+// (the receiver drops what still comes, the sender answers with a cts), and
+// counted on its own path: `discard` when its data is dropped (nothing is
+// fetched), `deferred_get` when it was deferred (accept() GETs the whole
+// message into the buffer it names, or drops it given none).
 #pragma once
 
 #include <cstdint>
@@ -34,6 +39,9 @@ namespace ami::protocol::rndv {
 
 enum class Mode : std::uint8_t { automatic, discard_get, split_get, stop_put };  // AMI_RNDV_MODE order
 enum class StopReason : std::uint8_t { no_buffer, zero_copy, reception_low, large, deferred };
+// How the rest of a stopped message travels: the index of
+// ContextStats::rndv_stops_by_mode (stop_mode_name() names each).
+enum class StopPath : std::uint8_t { discard_get, split_get, stop_put, discard, deferred_get };
 
 struct Inputs {
   std::uint64_t total = 0;     // message bytes
@@ -51,7 +59,8 @@ struct Inputs {
 struct Decision {
   bool stop = false;
   StopReason reason = StopReason::large;
-  wire::StopMode mode = wire::StopMode::discard_get;
+  wire::StopMode mode = wire::StopMode::discard_get;  // what the stop packet says
+  StopPath path = StopPath::discard_get;              // what is counted
 };
 
 Decision decide(const Inputs& in);

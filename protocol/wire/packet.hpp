@@ -29,7 +29,7 @@ inline constexpr std::uint32_t kMagic = 0x21494D41;  // "AMI!"
 inline constexpr std::uint8_t kVersion = 2;
 inline constexpr std::size_t kMaxUserHeader = 128;
 
-// The rendezvous packets (DESIGN.md, method 2) use the fixed header's fields
+// The rendezvous packets (docs/DESIGN.md, method 2) use the fixed header's fields
 // as their comments say; the others as the field names say.
 enum class PacketType : std::uint8_t {
   am_first = 1,  // first packet of an active message: user header + payload from 0; with

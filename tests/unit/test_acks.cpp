@@ -1,4 +1,4 @@
-// Batched, coalesced acknowledgements (DESIGN.md, method 4): the ack
+// Batched, coalesced acknowledgements (docs/DESIGN.md, method 4): the ack
 // dispatcher's counter logic on its own, step by step, then two engines
 // over the self backend, advanced one step at a time so each case can say
 // exactly in which advance an ack goes out.

@@ -358,12 +358,11 @@ TEST_CASE_TEMPLATE("allocated memory: PUT/GET by plain copy; a freed region's ke
 TEST_CASE_TEMPLATE("remote keys are checked: range, staleness, other jobs", P, BACKENDS) {
   for (const char* cma : {"on", "off"}) {
   CAPTURE(cma);
-  if (std::string(P::kBackend) == "shm" && std::string(cma) == "on") continue;  // CMA: origin-checked only
   P pair(test::config_with({{"AMI_SHM_CMA", cma}}));
   Client other(options(1));
   Context &a = pair.a(), &b = pair.b();
   const Endpoint to_b = pair.to_b();
-  std::vector<std::uint8_t> buf(4096, 0x11), local(4096, 0);
+  std::vector<std::uint8_t> buf(4096, 0x11), local(4096, 0), secret(4096, 0x22);
   Memory lm;
   REQUIRE(pair.client_a().register_memory(local.data(), local.size(), lm).ok());
   RemoteKey key;
@@ -413,14 +412,28 @@ TEST_CASE_TEMPLATE("remote keys are checked: range, staleness, other jobs", P, B
   foreign.task = to_b.task;
   refused(foreign, 0, "a key from another job");
 
-  // A PUT with a stale key leaves the target untouched.
-  if (!lane_broken) {
+  RemoteKey elsewhere = m.remote_key();
+  elsewhere.address = reinterpret_cast<std::uintptr_t>(secret.data());
+  refused(elsewhere, 0, "a live key whose address names memory the owner never registered");
+
+  // A refused PUT completes with remote_access at the origin and leaves the
+  // target untouched: a stale key, and a live one pointed elsewhere.
+  auto put_refused = [&](const RemoteKey& k, const char* why) {
+    CAPTURE(why);
+    if (lane_broken) return;
     Counter put_done;
-    REQUIRE(a.put({.dest = to_b, .local = &lm, .remote = key, .bytes = 16, .local_done = put_done.cb()}).ok());
+    REQUIRE(a.put({.dest = to_b, .local = &lm, .remote = k, .bytes = 16, .local_done = put_done.cb()}).ok());
     advance_until(a, b, [&] { return put_done.calls == 1; });
-  }
+    CHECK(put_done.last == StatusCode::remote_access);
+    Counter fenced;
+    REQUIRE(a.fence(to_b, fenced.cb()).ok());
+    advance_until(a, b, [&] { return fenced.calls == 1; });
+  };
+  put_refused(key, "deregistered");
+  put_refused(elsewhere, "pointed at memory never registered");
   for (int i = 0; i < 100; ++i) (void)b.advance();
   CHECK(buf[0] == 0x11);
+  CHECK(std::count(secret.begin(), secret.end(), 0x22) == 4096);
   // And local memory of another client is not registered here.
   CHECK(a.put({.dest = to_b, .local = &om, .remote = m.remote_key(), .bytes = 16}) ==
         StatusCode::not_registered);

@@ -3,6 +3,7 @@
 // Zero-length operations are valid and complete like any other.
 #include <doctest/doctest.h>
 
+#include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -185,4 +186,43 @@ TEST_CASE("a context used after its client is destroyed answers with an error") 
   c.set_error_handler({});
   CHECK_THROWS_AS((void)c.client(), Error);
   CHECK(ran == 0);  // nothing was taken, so nothing completes
+}
+
+// Sizes near 2^64 used to wrap in a size computation: one page was mapped
+// for a region that claimed 2^64-1 bytes, and a PUT into it crashed.
+TEST_CASE("sizes and ranges that wrap or cannot be backed are refused by name") {
+  Client client(two_contexts());
+  Memory m;
+  check_all({
+      {client.allocate_memory(SIZE_MAX, m), StatusCode::invalid_argument, "past the end of the address space"},
+      {client.allocate_memory(SIZE_MAX - 4096, m), StatusCode::invalid_argument, "past the end"},
+      {client.allocate_memory(std::size_t{64} << 40, m), StatusCode::no_resource, "more than this host's memory"},
+  });
+  CHECK_FALSE(m.valid());
+  std::vector<std::byte> buf(4096);
+  check_all({
+      {client.register_memory(buf.data(), SIZE_MAX - 100, m), StatusCode::invalid_argument,
+       "register_memory: the range runs past the end of the address space"},
+      {client.register_memory(buf.data(), SIZE_MAX - reinterpret_cast<std::uintptr_t>(buf.data()) + 1, m),
+       StatusCode::invalid_argument, "past the end of the address space"},
+  });
+  CHECK_FALSE(m.valid());
+
+  // A key made by hand whose region wraps is refused before anything moves.
+  Memory local;
+  REQUIRE(client.register_memory(buf.data(), buf.size(), local).ok());
+  RemoteKey wraps = local.remote_key();
+  wraps.address = UINT64_MAX - 100;
+  wraps.length = UINT64_MAX - 100;
+  Context& a = client.context(0);
+  check_all({
+      {a.put({.dest = {0, 1}, .local = &local, .remote = wraps, .remote_offset = 200, .bytes = 16}),
+       StatusCode::remote_access, "wraps around the address space"},
+      {a.get({.dest = {0, 1}, .local = &local, .remote = wraps, .bytes = 16}), StatusCode::remote_access,
+       "wraps around the address space"},
+  });
+  // What a peer deserialises is refused the same way.
+  auto bytes = wraps.to_bytes();
+  RemoteKey parsed;
+  CHECK(RemoteKey::from_bytes(bytes, parsed) == StatusCode::invalid_argument);
 }

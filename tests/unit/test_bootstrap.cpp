@@ -1,16 +1,22 @@
 // The TCP bootstrap on loopback: jobs whose ranks are threads and jobs whose
-// ranks are processes; a rank 0 that starts late or never; and fake peers,
-// raw Asio sockets speaking the wire format by hand, that break each rule of
-// the handshake and the framing. Ranks run off the main thread; only the main
-// thread asserts.
+// ranks are processes; a rank 0 that starts late, never, or fails; fake
+// peers, raw Asio sockets speaking the wire format by hand, that break each
+// rule of the handshake and the framing; and what strangers can cost rank 0:
+// floods, silent connections, second claims of a rank, a descriptor limit.
+// Ranks run off the main thread; only the main thread asserts (a forked rank
+// 0 reports in words through a pipe).
 #include <doctest/doctest.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdio>
@@ -31,6 +37,8 @@
 using namespace std::chrono_literals;
 using ami::bootstrap::Blob;
 using ami::bootstrap::kMaxBlobBytes;
+using ami::bootstrap::kMaxPendingConnections;
+using ami::bootstrap::kSpareDescriptors;
 using ami::bootstrap::Options;
 using ami::bootstrap::TcpBootstrap;
 namespace asio = boost::asio;
@@ -42,9 +50,10 @@ namespace {
 // The wire format, written out independently of the implementation so that
 // a change to it shows here.
 constexpr std::uint32_t kMagic = 0x42494d41;
-constexpr std::uint32_t kVersion = 2;
+constexpr std::uint32_t kVersion = 3;
+constexpr std::uint32_t kFailureMark = 0xffffffff;
 enum Verdict : std::uint32_t {
-  accepted, bad_magic, bad_version, size_mismatch, rank_out_of_range, duplicate_rank, wrong_key
+  accepted, bad_magic, bad_version, size_mismatch, rank_out_of_range, duplicate_rank, wrong_key, rank0_failed, busy
 };
 const std::string kKey = "test job key";
 
@@ -75,6 +84,23 @@ struct Log {
     std::string text;
     for (const auto& l : lines) text += l + "\n";
     return text;
+  }
+  std::size_t count() {
+    std::lock_guard lock(mutex);
+    return lines.size();
+  }
+  // The connections the log says were refused: one per "refused peer" line,
+  // N per "refused N more connection(s)" line.
+  std::size_t refused() {
+    std::lock_guard lock(mutex);
+    std::size_t n = 0;
+    for (const auto& l : lines) {
+      const std::size_t more = l.find(": refused ");
+      if (l.find("refused peer ") != std::string::npos) ++n;
+      else if (more != std::string::npos && l.find(" more connection(s)") != std::string::npos)
+        n += std::stoul(l.substr(more + 10));
+    }
+    return n;
   }
 };
 
@@ -236,6 +262,31 @@ std::string refused(std::uint32_t rank, std::uint32_t size, std::uint32_t magic,
   return root.get();
 }
 
+// True when `s` has something to read (or is closed) within `limit`; the
+// limit only keeps a regression from hanging the test.
+bool readable_within(tcp::socket& s, std::chrono::milliseconds limit) {
+  pollfd p{s.native_handle(), POLLIN, 0};
+  return ::poll(&p, 1, static_cast<int>(limit.count())) == 1;
+}
+
+// True when the peer closes `s` (end of stream or reset) within `limit`,
+// whatever it sends first.
+bool closed_within(tcp::socket& s, std::chrono::milliseconds limit) {
+  for (const auto give_up = Clock::now() + limit; Clock::now() < give_up;) {
+    if (!readable_within(s, std::chrono::duration_cast<std::chrono::milliseconds>(give_up - Clock::now()))) break;
+    std::array<char, 256> bytes;
+    const ssize_t n = ::recv(s.native_handle(), bytes.data(), bytes.size(), MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno == ECONNRESET)) return true;
+  }
+  return false;
+}
+
+// Heap bytes in use, every arena.
+std::size_t heap_in_use() {
+  const struct mallinfo2 m = ::mallinfo2();
+  return m.uordblks + m.hblkhd;
+}
+
 // The port of the one listening socket of this process, once it exists.
 std::uint16_t listening_port() {
   for (const auto give_up = Clock::now() + 3s; Clock::now() < give_up; std::this_thread::sleep_for(10ms)) {
@@ -370,18 +421,46 @@ TEST_CASE("rank 0 refuses a bad hello, naming the problem and the peer") {
   }
 }
 
-TEST_CASE("a duplicate rank is refused, naming both peers") {
+TEST_CASE("a second claim of a taken rank is refused at once; the first keeps it and the job forms") {
   const std::uint16_t port = free_port();
-  auto root = in_thread([&] { TcpBootstrap boot(options(0, 3, port)); });
+  Log log;
+  auto root = in_thread([&] {
+    Options o = options(0, 3, port, 20000ms);
+    o.log = log.sink();
+    TcpBootstrap boot(o);
+    (void)boot.allgather(std::as_bytes(std::span("zero", 4)));
+  });
   FakePeer first(port);
   first.hello(1, 3);
   CHECK(first.verdict() == accepted);
+
+  // A real rank claiming it next fails at once (well before its own
+  // timeout), saying why.
+  const auto start = Clock::now();
+  const std::string error = error_of([&] { TcpBootstrap boot(options(1, 3, port, 30000ms)); });
+  CHECK(Clock::now() - start < 15s);
+  CHECK(contains(error, "bootstrap: rank 1: refused by rank 0: duplicate rank: "
+                        "another peer has already taken this rank"));
   FakePeer second(port);
   second.hello(1, 3);
   CHECK(second.verdict() == duplicate_rank);
-  const std::string error = root.get();
-  CHECK(contains(error, "duplicate rank: the peer claims rank 1, already taken by rank 1 at " + first.address()));
-  CHECK(contains(error, "(peer " + second.address()));
+
+  // The first claimant still holds rank 1: the job forms with it.
+  auto rank2 = in_thread([&] {
+    TcpBootstrap boot(options(2, 3, port));
+    (void)boot.allgather(std::as_bytes(std::span("two!", 4)));
+  });
+  put_words(first.socket, {4});
+  asio::write(first.socket, asio::buffer("one!", 4));
+  CHECK(get_words(first.socket, 2) == std::vector<std::uint32_t>{3, 4});
+  std::string blobs(20, '\0');
+  asio::read(first.socket, asio::buffer(blobs));
+  CHECK(blobs == std::string("zero\x04\0\0\0one!\x04\0\0\0two!", 20));
+  CHECK(rank2.get() == "");
+  CHECK(root.get() == "");
+  const std::string lines = log.all();
+  CHECK(contains(lines, "bootstrap: rank 0: refused a second claim of rank 1: peer " + second.address() +
+                            " claims it, already taken by rank 1 at " + first.address()));
 }
 
 TEST_CASE("only peers presenting the job's key join; others are refused with a log line") {
@@ -454,6 +533,10 @@ TEST_CASE("a peer that connects and says nothing cannot hold rank 0 past its tim
   CHECK(contains(error, "bootstrap: rank 0: timed out after 300 ms"));
   CHECK(contains(error, "waiting for rank(s) 1, 2 to join"));
   CHECK(contains(error, "no hello from peer(s) " + silent.address()));
+  // It might have been a rank about to say hello: it is told rank 0 failed
+  // (without the reason: it had not shown the key).
+  CHECK(silent.verdict() == rank0_failed);
+  CHECK(get_words(silent.socket, 1) == std::vector<std::uint32_t>{0});
 }
 
 TEST_CASE("rank 0 names the peer behind a bad frame, a silence or a hang-up") {
@@ -537,6 +620,63 @@ TEST_CASE("a rank names rank 0 behind a bad table, a silence or a hang-up") {
     s.close();
     CHECK(contains(other.get(), "peer closed the connection (" + root + ", reading the blob table)"));
   }
+  SUBCASE("rank 0's failure, with its reason") {
+    put_words(s, {kFailureMark, 5});
+    asio::write(s, asio::buffer("oops\n", 5));  // printed, not obeyed: a newline becomes '?'
+    s.close();
+    CHECK(contains(other.get(), "bootstrap: rank 1: rank 0 failed: oops? (" + root + ", reading the blob table)"));
+  }
+  SUBCASE("an oversize failure reason") {
+    put_words(s, {kFailureMark, 5000});
+    CHECK(contains(other.get(), "malformed failure notice: a reason of 5000 bytes exceeds the limit of 1024"));
+  }
+}
+
+TEST_CASE("a rank answered busy connects again; one whose connection just closes fails at once") {
+  asio::io_context io;
+  tcp::acceptor acceptor(io, {asio::ip::make_address("127.0.0.1"), 0});
+  const std::uint16_t port = acceptor.local_endpoint().port();
+  auto take_hello = [&](tcp::socket& s) {
+    CHECK(get_words(s, 5) == std::vector<std::uint32_t>{kMagic, kVersion, 1, 2, std::uint32_t(kKey.size())});
+    std::string key(kKey.size(), '\0');
+    asio::read(s, asio::buffer(key));
+  };
+
+  SUBCASE("busy") {
+    std::vector<Blob> table;
+    auto other = in_thread([&] {
+      TcpBootstrap boot(options(1, 2, port, 20000ms));
+      table = boot.allgather(pattern(3, 1));
+    });
+    {
+      tcp::socket dropped = acceptor.accept();
+      take_hello(dropped);
+      put_words(dropped, {kMagic, kVersion, busy, 2});
+    }
+    tcp::socket s = acceptor.accept();
+    take_hello(s);
+    put_words(s, {kMagic, kVersion, accepted, 2});
+    CHECK(get_words(s, 1)[0] == 3);
+    std::array<std::byte, 3> blob;
+    asio::read(s, asio::buffer(blob));
+    put_words(s, {2, 0, 3});
+    asio::write(s, asio::buffer(blob));
+    CHECK(other.get() == "");
+    REQUIRE(table.size() == 2);
+    CHECK(table[1] == pattern(3, 1));
+  }
+  SUBCASE("closed") {
+    auto other = in_thread([&] { TcpBootstrap boot(options(1, 2, port, 20000ms)); });
+    {
+      tcp::socket s = acceptor.accept();
+      take_hello(s);
+    }
+    const auto start = Clock::now();
+    const std::string error = other.get();
+    CHECK(Clock::now() - start < 15s);  // not its 20 s
+    CHECK(contains(error, "peer closed the connection (rank 0 at 127.0.0.1:" + std::to_string(port) +
+                              ", waiting for the answer to its hello)"));
+  }
 }
 
 TEST_CASE("a job of processes") {
@@ -591,4 +731,253 @@ TEST_CASE("no descriptor outlives its bootstrap, in success or failure") {
     CHECK(contains(root.get(), "waiting for rank(s) 1 to join"));
   }
   CHECK(open_fds() == before);
+}
+
+TEST_CASE("ranks connected to a rank 0 that fails learn its reason at once, not at their timeout") {
+  const std::uint16_t port = free_port();
+  const std::string root_address = "rank 0 at 127.0.0.1:" + std::to_string(port);
+
+  SUBCASE("rank 0 times out waiting for another rank") {
+    auto root = in_thread([&] {
+      TcpBootstrap boot(options(0, 3, port, 1000ms));
+      boot.barrier();
+    });
+    const auto start = Clock::now();
+    const std::string error = error_of([&] {
+      TcpBootstrap boot(options(1, 3, port, 30000ms));
+      boot.barrier();
+    });
+    CHECK(Clock::now() - start < 15s);  // not its 30 s
+    CHECK(contains(error, "bootstrap: rank 1: rank 0 failed: timed out after 1000 ms (listening on 127.0.0.1:"));
+    CHECK(contains(error, "waiting for rank(s) 2 to join"));
+    CHECK(contains(error, "(" + root_address + ", reading the blob table)"));
+    CHECK(contains(root.get(), "bootstrap: rank 0: timed out after 1000 ms"));
+  }
+  SUBCASE("rank 0 fails on another rank's bad frame") {
+    auto root = in_thread([&] {
+      TcpBootstrap boot(options(0, 3, port, 20000ms));
+      boot.barrier();
+    });
+    auto rank1 = in_thread([&] {
+      TcpBootstrap boot(options(1, 3, port, 30000ms));
+      boot.barrier();
+    });
+    FakePeer fake(port);
+    fake.hello(2, 3);
+    CHECK(fake.verdict() == accepted);
+    put_words(fake.socket, {kMaxBlobBytes + 1});
+    const std::string error = rank1.get();
+    CHECK(contains(error, "bootstrap: rank 1: rank 0 failed: malformed frame: a blob length of 65537 bytes"));
+    CHECK(contains(error, "(rank 2 at " + fake.address() + ", sending its blob)"));
+    CHECK(contains(root.get(), "malformed frame"));
+    // The culprit is told too.
+    CHECK(get_words(fake.socket, 1)[0] == kFailureMark);
+  }
+}
+
+TEST_CASE("a connection that says no hello is closed after its own deadline, and the job goes on") {
+  const std::uint16_t port = free_port();
+  Log log;
+  auto root = in_thread([&] {
+    Options o = options(0, 2, port, 20000ms);
+    o.hello_timeout = 200ms;
+    o.log = log.sink();
+    TcpBootstrap boot(o);
+    boot.barrier();
+  });
+  FakePeer silent(port);
+  FakePeer slow(port);
+  put_words(slow.socket, {kMagic});  // a slowloris: the hello's first word, then nothing for long
+  // Dropped long before the job's 20 s, each asked to connect again in
+  // case it is a rank; the bound only keeps a regression from hanging.
+  for (FakePeer* peer : {&silent, &slow}) {
+    REQUIRE(readable_within(peer->socket, 10s));
+    CHECK(peer->verdict() == busy);
+    CHECK(closed_within(peer->socket, 10s));
+  }
+  CHECK(error_of([&] {
+          TcpBootstrap boot(options(1, 2, port));
+          boot.barrier();
+        }) == "");
+  CHECK(root.get() == "");
+  const std::string lines = log.all();
+  CHECK(contains(lines, "refused peer " + silent.address() + ": no hello within 200 ms"));
+  CHECK(contains(lines, "refused peer " + slow.address() + ": no hello within 200 ms"));
+}
+
+// A connection to a rank 0 that may still be starting; closed if none came.
+tcp::socket connect_to(asio::io_context& io, std::uint16_t port) {
+  const tcp::endpoint root(asio::ip::make_address("127.0.0.1"), port);
+  tcp::socket s(io);
+  boost::system::error_code ec;
+  for (const auto give_up = Clock::now() + 5s; s.connect(root, ec), ec && Clock::now() < give_up;) {
+    s.close(ec);
+    std::this_thread::sleep_for(5ms);
+  }
+  return s;
+}
+
+// Strangers of every kind, as fast as one thread can make them: some stay
+// silent (more than rank 0 keeps waiting), some hang up, some send garbage,
+// some a hello with the wrong key. Returns how many connected.
+int flood(asio::io_context& io, std::uint16_t port, int connections, std::vector<tcp::socket>& silent) {
+  const std::string garbage = "GET / HTTP/1.0\r\nHost: example\r\n\r\n";
+  int connected = 0;
+  for (int i = 0; i < connections; ++i) {
+    tcp::socket s = connect_to(io, port);
+    if (!s.is_open()) continue;
+    ++connected;
+    boost::system::error_code ec;
+    switch (i % 4) {
+      case 0: silent.push_back(std::move(s)); break;
+      case 1: break;
+      case 2: asio::write(s, asio::buffer(garbage), ec); break;
+      case 3: {
+        const std::array<std::uint32_t, 5> hello{kMagic, kVersion, 1, 4, 5};
+        asio::write(s, std::array{asio::buffer(hello), asio::buffer("wrong", 5)}, ec);
+        break;
+      }
+    }
+  }
+  return connected;
+}
+
+TEST_CASE("a flood of strangers costs a few log lines and a count, and the job forms") {
+  constexpr std::uint32_t kSize = 4;
+  constexpr int kFlood = 1600;  // 400 of them silent: more than rank 0 keeps waiting
+  static_assert(kFlood / 4 > static_cast<int>(kMaxPendingConnections));
+  const std::uint16_t port = free_port();
+  const auto start = Clock::now();
+  Log log;
+  std::vector<Outcome> outcomes(kSize);
+  auto root = std::async(std::launch::async, [&] {
+    Options o = options(0, kSize, port, 30000ms);
+    o.log = log.sink();
+    return run_rank(o, 1);
+  });
+  asio::io_context io;
+  std::vector<tcp::socket> silent;
+  auto strangers = std::async(std::launch::async, [&] { return flood(io, port, kFlood, silent); });
+  // Two ranks join during the flood; the last once it is over, so that
+  // every stranger reached rank 0 before the job could form.
+  auto rank1 = std::async(std::launch::async, run_rank, options(1, kSize, port, 30000ms), 1);
+  auto rank2 = std::async(std::launch::async, run_rank, options(2, kSize, port, 30000ms), 1);
+  CHECK(strangers.get() == kFlood);
+  auto rank3 = std::async(std::launch::async, run_rank, options(3, kSize, port, 30000ms), 1);
+  outcomes = {root.get(), rank1.get(), rank2.get(), rank3.get()};
+  check_job(outcomes, 1);
+  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - start).count();
+  CAPTURE(log.all());
+  // A few lines one by one, then a count at most once a second and one at the end.
+  CHECK(log.count() <= 8 + static_cast<std::size_t>(seconds));
+  CHECK(log.refused() == static_cast<std::size_t>(kFlood));
+  CHECK(contains(log.all(), "more connection(s) (the last: peer 127.0.0.1:"));
+  // Rank 0 let go of the silent ones: the oldest as others came, the rest when the job formed.
+  for (tcp::socket& s : silent) CHECK(closed_within(s, 10s));
+}
+
+TEST_CASE("many ranks at once, more than rank 0 keeps waiting for their hello, all join") {
+  constexpr std::uint32_t kSize = 200;
+  static_assert(kSize > kMaxPendingConnections);
+  const std::uint16_t port = free_port();
+  std::vector<std::future<Outcome>> ranks(kSize);
+  for (std::uint32_t r = 1; r < kSize; ++r)
+    ranks[r] = std::async(std::launch::async, run_rank, options(r, kSize, port, 60000ms), 1);
+  ranks[0] = std::async(std::launch::async, run_rank, options(0, kSize, port, 60000ms), 1);
+  std::vector<Outcome> outcomes;
+  for (auto& f : ranks) outcomes.push_back(f.get());
+  check_job(outcomes, 1);
+}
+
+// Rank 0 in a child process whose descriptor limit leaves room for about 70
+// connections besides its ranks; returns what happened, in words.
+std::string starved_root(std::uint16_t port, std::uint32_t size) {
+  rlimit limit{};
+  ::getrlimit(RLIMIT_NOFILE, &limit);
+  limit.rlim_cur = open_fds() + kSpareDescriptors + 8;
+  if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) return "setrlimit failed";
+  Log log;
+  Options o = options(0, size, port, 30000ms);
+  o.log = log.sink();
+  const Outcome outcome = run_rank(o, 1);
+  if (!outcome.error.empty()) return outcome.error;
+  return contains(log.all(), "Too many open files") ? "formed, out of descriptors on the way"
+                                                    : "formed, but accept never ran out of descriptors";
+}
+
+TEST_CASE("a rank 0 out of descriptors drops the oldest silent connections, and the job forms") {
+  constexpr std::uint32_t kSize = 4;
+  constexpr int kSilent = 300;
+  const std::uint16_t port = free_port();
+  int report[2];
+  REQUIRE(::pipe(report) == 0);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {  // the lowered limit dies with the child; never back into doctest
+    ::close(report[0]);
+    const std::string text = starved_root(port, kSize);
+    (void)!::write(report[1], text.data(), text.size());
+    _exit(0);
+  }
+  ::close(report[1]);
+  asio::io_context io;
+  std::vector<tcp::socket> silent;
+  for (int i = 0; i < kSilent; ++i) silent.push_back(connect_to(io, port));
+  CHECK(std::ranges::all_of(silent, [](const tcp::socket& s) { return s.is_open(); }));
+  std::vector<std::future<Outcome>> ranks;
+  for (std::uint32_t r = 1; r < kSize; ++r)
+    ranks.push_back(std::async(std::launch::async, run_rank, options(r, kSize, port, 30000ms), 1));
+  for (std::uint32_t r = 1; r < kSize; ++r) {
+    const Outcome o = ranks[r - 1].get();
+    CAPTURE(r);
+    CHECK(o.error == "");
+    CHECK(o.sockets == 1);
+  }
+  std::string text;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(report[0], buffer, sizeof buffer)) > 0;) text.append(buffer, static_cast<std::size_t>(n));
+  ::close(report[0]);
+  CHECK(text == "formed, out of descriptors on the way");
+  int status = 0;
+  pid_t done = 0;
+  for (const auto give_up = Clock::now() + 30s; (done = waitpid(pid, &status, WNOHANG)) == 0 && Clock::now() < give_up;)
+    std::this_thread::sleep_for(5ms);
+  if (done == 0) ::kill(pid, SIGKILL), waitpid(pid, &status, 0);
+  CHECK(done == pid);
+}
+
+TEST_CASE("rank 0 refuses a job size its descriptor limit cannot serve, before allocating for it") {
+  // Restored however the test ends.
+  struct SavedLimit {
+    rlimit limit{};
+    SavedLimit() { ::getrlimit(RLIMIT_NOFILE, &limit); }
+    ~SavedLimit() { ::setrlimit(RLIMIT_NOFILE, &limit); }
+  } saved;
+  // As high as this process may go, within reason, so that the largest job
+  // it can serve is large enough to see what is allocated per rank.
+  rlimit raised = saved.limit;
+  if (raised.rlim_max != RLIM_INFINITY) raised.rlim_cur = std::min<rlim_t>(raised.rlim_max, 1 << 20);
+  else raised.rlim_cur = std::max<rlim_t>(saved.limit.rlim_cur, 1 << 16);
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &raised) == 0);
+  const auto most = static_cast<std::uint32_t>(raised.rlim_cur - kSpareDescriptors + 1);
+
+  const std::string error = error_of([&] { TcpBootstrap b(options(0, most + 1, free_port(), 300ms)); });
+  CHECK(contains(error, "bootstrap: rank 0: cannot serve a job of " + std::to_string(most + 1) + " ranks (AMI_SIZE)"));
+  CHECK(contains(error, "limit of open files (RLIMIT_NOFILE) is " + std::to_string(raised.rlim_cur)));
+  CHECK(contains(error, "raise it with ulimit -n " + std::to_string(raised.rlim_cur + 1)));
+  CHECK(contains(error_of([&] { TcpBootstrap b(options(0, 100000000, free_port(), 300ms)); }),
+                 "cannot serve a job of 100000000 ranks (AMI_SIZE)"));
+  // Other ranks keep one socket: the limit is rank 0's alone.
+  CHECK(contains(error_of([&] { TcpBootstrap b(options(1, 100000000, free_port(), 100ms)); }), "timed out"));
+
+  // The largest job the limit holds is served, and while rank 0 waits for
+  // its ranks it holds nothing per rank that has not come.
+  const std::size_t before = heap_in_use();
+  auto root = in_thread([&] { TcpBootstrap b(options(0, most, 0, 2000ms)); });
+  REQUIRE(listening_port() != 0);
+  const std::size_t waiting = heap_in_use();
+  CHECK(waiting < before + 256 * 1024);
+  const std::string timeout = root.get();
+  CHECK(contains(timeout,
+                 "waiting for rank(s) 1, 2, 3, 4, 5, 6, 7, 8 and " + std::to_string(most - 9) + " more to join"));
 }

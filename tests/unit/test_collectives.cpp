@@ -1,4 +1,4 @@
-// Collectives on active messages (DESIGN.md, method 5): barrier, broadcast,
+// Collectives on active messages (docs/DESIGN.md, method 5): barrier, broadcast,
 // reduce, allreduce and allgather in jobs of real processes, every result
 // checked against a serial computation of the same rank-dependent inputs.
 //

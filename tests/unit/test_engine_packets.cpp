@@ -3,10 +3,13 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "ami/device/region_table.hpp"
 #include "protocol/eager/am_engine.hpp"
+#include "shm_backend/rdma_chunk.hpp"
+#include "shm_backend/shm_device.hpp"
 #include "transport/self/self_device.hpp"
 
 using namespace ami;
@@ -90,6 +93,104 @@ TEST_CASE("an origin outside the job is refused") {
   r.engine.on_packet({7, 0}, p);  // Expect: bad_origin, no dispatch
   CHECK(r.dispatched == 0);
   CHECK(r.stats.malformed_by_reason[8] == 1);
+}
+
+namespace {
+
+// An engine of task 0 in a job of two tasks of one context each, whose only
+// device cannot reach task 1; it records its error handler's calls.
+struct Unreached {
+  int failures = 0;
+  Endpoint failed{};
+  Status why;
+  static void on_failure(void* c, Endpoint peer, Status why) {
+    auto* u = static_cast<Unreached*>(c);
+    ++u->failures;
+    u->failed = peer;
+    u->why = why;
+  }
+};
+
+// A whole message of 8 bytes in one packet.
+std::vector<std::byte> whole_packet(std::uint16_t dispatch) {
+  std::vector<std::byte> p(sizeof(PacketHeader) + 8, std::byte{2});
+  const PacketHeader h = make_header(PacketType::am_first, dispatch, 0, 8, 0, 8, 0);
+  std::memcpy(p.data(), &h, sizeof h);
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("a packet from an endpoint of the job that no backend here reaches is counted, and fails it here") {
+  device::RegionTable regions{1, 0, 16};
+  self::SelfDomain domain{0, 1, 64, 1024, regions};  // reaches task 0 only
+  self::SelfDevice dev{domain, 0, 16};
+  ContextStats stats;
+  protocol::AmEngine engine{{.tasks = 2, .contexts = 1, .max_requests = 16}, stats};
+  engine.add_device(dev);
+  int dispatched = 0;
+  REQUIRE(engine.set_dispatch(4, {+[](void* c, const Incoming&, Receive*) { ++*static_cast<int*>(c); }, &dispatched})
+              .ok());
+  Unreached u;
+  engine.set_error_handler({&Unreached::on_failure, &u});
+  REQUIRE(engine.peer_status({1, 0}).ok());
+
+  engine.on_packet({1, 0}, whole_packet(4));  // Expect: counted, not dispatched; {1,0} fails here
+  CHECK(dispatched == 0);
+  CHECK(stats.packets_from_unknown_peers == 1);
+  CHECK(stats.malformed_packets == 0);
+  CHECK(stats.packets_received == 0);
+  CHECK(u.failures == 1);
+  CHECK(u.failed == Endpoint{1, 0});
+  CHECK(engine.peer_status({1, 0}) == StatusCode::peer_failed);
+  CHECK(std::string(engine.peer_status({1, 0}).what()).find("no backend here reaches it") != std::string::npos);
+  engine.on_packet({1, 0}, whole_packet(4));  // Expect: counted again; the handler ran once
+  CHECK(stats.packets_from_unknown_peers == 2);
+  CHECK(u.failures == 1);
+  CHECK(stats.peers_failed == 1);
+  // A device that drops a cell of its own traffic from there says so too.
+  engine.on_unknown_origin({1, 0});  // Expect: counted
+  CHECK(stats.packets_from_unknown_peers == 3);
+  engine.on_unknown_origin({9, 0});  // Expect: outside the job: bad_origin
+  CHECK(stats.malformed_by_reason[8] == 1);
+  CHECK(stats.packets_from_unknown_peers == 3);
+}
+
+TEST_CASE("shm: cells in a context's ring from a task it cannot reach are counted by the engine, not lost") {
+  // Task 0 of two, which never mapped task 1's segment: nothing can go back
+  // to task 1 by shm. Cells are written into task 0's own ring by hand.
+  device::RegionTable regions{1, 0, 16};
+  shm::ShmDomain domain(0, 2, 1, {.queue_depth = 16, .cell_bytes = 256}, regions);
+  shm::ShmDevice device(domain, 0, 16);
+  ContextStats stats;
+  protocol::AmEngine engine{{.tasks = 2, .contexts = 1, .max_requests = 16}, stats};
+  engine.add_device(device);
+  int dispatched = 0;
+  REQUIRE(engine.set_dispatch(4, {+[](void* c, const Incoming&, Receive*) { ++*static_cast<int*>(c); }, &dispatched})
+              .ok());
+  Unreached u;
+  engine.set_error_handler({&Unreached::on_failure, &u});
+  device::ReceptionQueue& own = domain.own_queue(0);
+  auto put_cell = [&](std::span<const std::byte> bytes, device::ReceptionQueue::Origin origin) {
+    auto r = own.reserve();
+    REQUIRE(r);
+    std::memcpy(r.data(), bytes.data(), bytes.size());
+    REQUIRE(own.commit(r, static_cast<std::uint32_t>(bytes.size()), origin));
+  };
+  shm::RdmaChunk request{};
+  request.bytes = 4096;
+  request.tag = 1;
+  const auto chunk = std::as_bytes(std::span(&request, 1));
+  put_cell(chunk, {1, 0, shm::kGetRequestCell});  // Expect: a GET request nobody can answer: counted
+  put_cell(whole_packet(4), {1, 0, shm::kPacketCell});  // Expect: to the engine, which counts it
+  put_cell(chunk, {5, 0, shm::kGetRequestCell});  // Expect: no task of the job: bad_origin
+  for (int i = 0; i < 10; ++i) (void)engine.advance();
+  CHECK(dispatched == 0);
+  CHECK(stats.packets_from_unknown_peers == 2);
+  CHECK(stats.malformed_by_reason[8] == 1);
+  CHECK(device.dropped() == 2);
+  CHECK(u.failures == 1);  // {1,0} fails here, once
+  CHECK(u.failed == Endpoint{1, 0});
 }
 
 TEST_CASE("fragments out of sequence are dropped; the message completes only when whole") {

@@ -1,4 +1,4 @@
-// Callback completion (DESIGN.md, method 1): the injection FIFO, its pending
+// Callback completion (docs/DESIGN.md, method 1): the injection FIFO, its pending
 // callback list and the transfer counter, driven by hand as a device would.
 #include <doctest/doctest.h>
 

@@ -6,7 +6,9 @@
 // purpose, step by step; then jobs of real processes where the survivor
 // kill -9s its peer in the middle of an eager stream, a rendezvous GET, and
 // a PUT stream followed by a fence, on shm (built as test_peer_failure) and
-// on verbs (built with AMI_TEST_VERBS, run in the soft-RoCE VM).
+// on verbs (built with AMI_TEST_VERBS, run in the soft-RoCE VM); and a job
+// of tasks of two contexts, where the death of one task fails each of its
+// endpoints at the survivor once, whether or not it ever talked to them.
 #include <doctest/doctest.h>
 
 #include <signal.h>
@@ -453,6 +455,128 @@ TEST_CASE("kill -9 of a peer during a PUT stream, then a fence to it") {
   run_kill_case(survivor_fence, false, job_config());
 }
 
+namespace {
+
+// A job of tasks with two contexts each (jobs.hpp's spawn makes one): each
+// rank a forked child running its script on its Client.
+std::vector<int> run_job_of_two_contexts(const Config& given, const std::vector<Script>& scripts) {
+  const std::string address = "127.0.0.1:" + std::to_string(test::free_port());
+  Config config = given;
+  REQUIRE(config.set("AMI_JOB_KEY", make_job_key()).ok());
+  const auto size = static_cast<std::uint32_t>(scripts.size());
+  std::vector<pid_t> pids;
+  for (std::uint32_t r = 0; r < size; ++r) {
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      int rc = 100;
+      try {
+        Client client(ClientOptions{.name = "test", .contexts = 2,
+                                    .job = {.rank = r, .size = size, .bootstrap = address}, .config = config});
+        rc = scripts[r](client);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %u: %s\n", r, e.what());
+        rc = 101;
+      }
+      std::fflush(nullptr);
+      _exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  return wait_all(pids, std::chrono::seconds(60));
+}
+
+// Rank 1 of the two-context job: its context 0 says hello to rank 0's
+// context 0 (so that context has a lane to it), and once that is answered
+// the task dies. Its context 1 never says anything.
+int silent_victim(Client& client) {
+  Context& c = client.context(0);
+  bool answered = false;
+  if (!c.send({.dest = {0, 0}, .dispatch = kHello,
+               .remote_done = {+[](void* a, Status) { *static_cast<bool*>(a) = true; }, &answered}})
+           .ok())
+    return 2;
+  if (!progress_until(c, [&] { return answered; })) return 3;
+  ::raise(SIGKILL);
+  return 4;
+}
+
+// Rank 0: advances both its contexts, sends nothing to rank 1, and records
+// in which round each handler call came.
+int endpoint_survivor(Client& client) {
+  struct Seen {
+    std::uint64_t* round;
+    int calls[2] = {0, 0};          // by the dead task's context
+    std::uint64_t first = ~std::uint64_t{0}, last = 0;  // rounds of the first and last call
+    int foreign = 0;                // calls for any other endpoint
+  };
+  std::uint64_t round = 0;
+  Seen seen[2] = {{&round}, {&round}};
+  bool hello = false;
+  for (std::uint16_t i = 0; i < 2; ++i) {
+    Context& c = client.context(i);
+    c.set_error_handler({+[](void* p, Endpoint peer, Status why) {
+      auto* s = static_cast<Seen*>(p);
+      if (peer.task != 1 || peer.context > 1 || why != StatusCode::peer_failed) {
+        ++s->foreign;
+        return;
+      }
+      ++s->calls[peer.context];
+      s->first = std::min(s->first, *s->round);
+      s->last = std::max(s->last, *s->round);
+    }, &seen[i]});
+  }
+  if (!client.context(0)
+           .set_dispatch(kHello, {+[](void* h, const Incoming&, Receive*) { *static_cast<bool*>(h) = true; }, &hello})
+           .ok())
+    return 2;
+  auto both_advance = [&] {
+    ++round;
+    (void)client.context(0).advance();
+    (void)client.context(1).advance();
+  };
+  auto all_seen = [&] {
+    for (const Seen& s : seen)
+      if (s.calls[0] == 0 || s.calls[1] == 0) return false;
+    return true;
+  };
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!hello && std::chrono::steady_clock::now() < end) both_advance();
+  if (!hello) return 3;
+  while (!all_seen() && std::chrono::steady_clock::now() < end) both_advance();
+  if (!all_seen()) {
+    std::printf("after 30 s: context 0 saw %d/%d, context 1 saw %d/%d calls for {1,0}/{1,1}\n",
+                seen[0].calls[0], seen[0].calls[1], seen[1].calls[0], seen[1].calls[1]);
+    return 4;
+  }
+  for (int i = 0; i < 2000; ++i) both_advance();  // nothing more comes
+  for (std::uint16_t i = 0; i < 2; ++i) {
+    const Seen& s = seen[i];
+    std::printf("context %u: {1,0} failed %d time(s), {1,1} %d, %llu round(s) apart\n", i, s.calls[0], s.calls[1],
+                static_cast<unsigned long long>(s.last - s.first));
+    if (s.calls[0] != 1 || s.calls[1] != 1 || s.foreign != 0) return 10 + i;
+    // Together: in the advance that learned of the end, or the next.
+    if (s.last - s.first > 1) return 20 + i;
+    Context& c = client.context(i);
+    if (c.peer_status({1, 0}) != StatusCode::peer_failed || c.peer_status({1, 1}) != StatusCode::peer_failed)
+      return 30 + i;
+    if (c.stats().peers_failed != 2) return 40 + i;
+    if (!c.peer_status({0, static_cast<std::uint16_t>(1 - i)}).ok()) return 50 + i;  // its own task is untouched
+  }
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("a task that dies fails every one of its endpoints, once each, together, without a send to them") {
+  // Rank 0's context 0 has a lane to {1,0} only (it heard its hello),
+  // context 1 none at all: either way both of the dead task's endpoints
+  // fail, and the error handler runs once for each.
+  const auto codes = run_job_of_two_contexts(job_config(), {endpoint_survivor, silent_victim});
+  INFO("exit codes (survivor, victim): " << codes[0] << " " << codes[1]);
+  CHECK(codes == std::vector<int>{0, -SIGKILL});
+}
+
 #ifndef AMI_TEST_VERBS
 namespace {
 
@@ -493,6 +617,7 @@ int connection_case(Client& client, std::uint32_t victim) {
 TEST_CASE("a peer whose bootstrap connection hangs up has ended: rank 0 sees a rank go and tells the others") {
   Config config;
   REQUIRE(config.set("AMI_BACKENDS", "self").ok());
+  REQUIRE(config.set("AMI_REACHABILITY", "symmetric").ok());  // apart on purpose: only the bootstrap joins them
   REQUIRE(config.set("AMI_KEEPALIVE_INTERVAL", "0").ok());
   SUBCASE("rank 1 dies") {
     const auto codes = run_job(2, config, {[](Client& c) { return connection_case(c, 1); },

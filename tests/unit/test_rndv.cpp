@@ -1,13 +1,18 @@
 // The rendezvous pieces on their own: the stop policy, the registration
 // cache, and the protocol driven step by step over the self backend, whose
 // lanes a test can hold back and release descriptor by descriptor, so a STOP
-// lands exactly where each case says.
+// lands exactly where each case says. Then through a Client: what the stop
+// counters say under each AMI_RNDV_MODE, and accept() when no registration
+// is free.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cstring>
 #include <optional>
+#include <string>
 #include <vector>
 
+#include "ami/ami.hpp"
 #include "ami/device/region_table.hpp"
 #include "protocol/eager/am_engine.hpp"
 #include "protocol/rndv/policy.hpp"
@@ -17,6 +22,7 @@
 
 using namespace ami;
 using protocol::rndv::Mode;
+using protocol::rndv::StopPath;
 using protocol::rndv::StopReason;
 
 TEST_CASE("stop policy: each input stops for its own reason, and the mode follows the moment") {
@@ -42,15 +48,20 @@ TEST_CASE("stop policy: each input stops for its own reason, and the mode follow
 
   d = protocol::rndv::decide([&] { auto i = in; i.has_buffer = false; i.configured = Mode::stop_put; return i; }());
   CHECK(d.reason == StopReason::no_buffer);
-  CHECK(d.mode == wire::StopMode::discard_get);  // nothing to fetch, whatever the mode
+  CHECK(d.mode == wire::StopMode::discard_get);  // on the wire: drop what still comes, whatever the mode
+  CHECK(d.path == StopPath::discard);            // counted: nothing is fetched
 
-  d = protocol::rndv::decide([&] { auto i = in; i.has_buffer = false; i.deferred = true; return i; }());
-  CHECK(d.reason == StopReason::deferred);
-  CHECK(d.mode == wire::StopMode::discard_get);  // GET it all once accepted
+  for (Mode m : {Mode::automatic, Mode::discard_get, Mode::split_get, Mode::stop_put}) {
+    d = protocol::rndv::decide([&] { auto i = in; i.has_buffer = false; i.deferred = true; i.configured = m; return i; }());
+    CHECK(d.reason == StopReason::deferred);
+    CHECK(d.mode == wire::StopMode::discard_get);
+    CHECK(d.path == StopPath::deferred_get);  // GET it all once accepted
+  }
 
   for (Mode m : {Mode::discard_get, Mode::split_get, Mode::stop_put}) {
     d = protocol::rndv::decide([&] { auto i = in; i.zero_copy = true; i.configured = m; return i; }());
     CHECK(static_cast<int>(d.mode) == static_cast<int>(m));
+    CHECK(static_cast<int>(d.path) == static_cast<int>(m) - 1);
   }
   // Nothing left to stop once every byte is in.
   CHECK_FALSE(protocol::rndv::decide([&] { auto i = in; i.received = i.total; i.zero_copy = true; return i; }()).stop);
@@ -342,4 +353,178 @@ TEST_CASE("rendezvous packets that name nothing live are dropped and counted") {
   CHECK(r.sa.malformed_by_reason[9] == 1);
   CHECK(r.sb.malformed_by_reason[9] == 3);
   CHECK(r.received == 0);
+}
+
+// ---- Through a Client: AMI_RNDV_MODE, the stop counters, accept() ---------
+
+namespace {
+
+Config self_config(const char* name = nullptr, const char* value = nullptr) {
+  Config c;
+  REQUIRE(c.set("AMI_BACKENDS", "self").ok());
+  if (name != nullptr) REQUIRE(c.set(name, value).ok());
+  return c;
+}
+
+struct Count {
+  int calls = 0;
+  int failed = 0;
+  static void fn(void* p, Status s) {
+    auto* c = static_cast<Count*>(p);
+    ++c->calls;
+    if (!s.ok()) ++c->failed;
+  }
+  Callback cb() { return {&Count::fn, this}; }
+};
+
+std::vector<std::uint8_t> pattern(std::size_t n, unsigned seed) {
+  std::vector<std::uint8_t> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::uint8_t>(i * seed + (i >> 12));
+  return v;
+}
+
+template <class Pred>
+bool advance_both(Context& a, Context& b, Pred done) {
+  for (int i = 0; i < 1000000 && !done(); ++i) {
+    (void)a.advance();
+    (void)b.advance();
+  }
+  return done();
+}
+
+}  // namespace
+
+TEST_CASE("stops are counted by the path the message took, for every AMI_RNDV_MODE") {
+  constexpr std::size_t kBytes = 256 << 10;  // many packets on self, far above its crossover
+  struct Case {
+    const char* mode;
+    std::size_t zero_copy_path;  // where a stop with a buffer is counted
+  };
+  for (const Case& k : {Case{"auto", 2}, Case{"discard_get", 0}, Case{"split_get", 1}, Case{"stop_put", 2}}) {
+    CAPTURE(k.mode);
+    Client client(ClientOptions{.name = "test", .contexts = 2, .job = {}, .config = self_config("AMI_RNDV_MODE", k.mode)});
+    Context& a = client.context(0);
+    Context& b = client.context(1);
+    struct Receiver {
+      std::vector<std::uint8_t> kept, later;
+      Deferred deferred;
+      Count dropped, kept_done, later_done;
+    } r;
+    // 1: no buffer (its data is dropped); 2: deferred; 3: a buffer, zero_copy.
+    REQUIRE(b.set_dispatch(1, {+[](void* p, const Incoming&, Receive* recv) {
+                             if (recv != nullptr) recv->done = static_cast<Receiver*>(p)->dropped.cb();
+                           }, &r}).ok());
+    REQUIRE(b.set_dispatch(2, {+[](void* p, const Incoming& in, Receive* recv) {
+                             REQUIRE(in.can_defer);
+                             recv->defer = &static_cast<Receiver*>(p)->deferred;
+                           }, &r}).ok());
+    REQUIRE(b.set_dispatch(3, {+[](void* p, const Incoming& in, Receive* recv) {
+                             auto* x = static_cast<Receiver*>(p);
+                             x->kept.assign(in.total_bytes, 0);
+                             recv->buffer = x->kept.data();
+                             recv->zero_copy = true;
+                             recv->done = x->kept_done.cb();
+                           }, &r}).ok());
+    const auto source = pattern(kBytes, 7);
+    Count sent;
+    for (std::uint16_t id = 1; id <= 3; ++id)
+      REQUIRE(a.send({.dest = {0, 1}, .dispatch = id, .payload = std::as_bytes(std::span(source)),
+                      .local_done = sent.cb()}).ok());
+    REQUIRE(advance_both(a, b, [&] { return r.deferred.id != 0; }));
+    r.later.assign(r.deferred.total_bytes, 0);
+    REQUIRE(b.accept(r.deferred, r.later.data(), r.later_done.cb()).ok());
+    REQUIRE(advance_both(a, b, [&] {
+      return sent.calls == 3 && r.dropped.calls == 1 && r.kept_done.calls == 1 && r.later_done.calls == 1;
+    }));
+    CHECK(sent.failed == 0);
+    CHECK(r.kept_done.failed + r.later_done.failed + r.dropped.failed == 0);
+    CHECK(r.kept == source);
+    CHECK(r.later == source);
+
+    const ContextStats& s = b.stats();
+    CHECK(s.rndv_stops_by_reason[static_cast<std::size_t>(StopReason::no_buffer)] == 1);
+    CHECK(s.rndv_stops_by_reason[static_cast<std::size_t>(StopReason::deferred)] == 1);
+    CHECK(s.rndv_stops_by_reason[static_cast<std::size_t>(StopReason::zero_copy)] == 1);
+    // Expect: the buffered message where the mode says; the other two on
+    // their own paths whatever it says, and never as discard_get's.
+    std::array<std::uint64_t, ContextStats::kStopModes> want{};
+    want[k.zero_copy_path] = 1;
+    want[3] = 1;  // discard
+    want[4] = 1;  // deferred_get
+    for (std::size_t m = 0; m < ContextStats::kStopModes; ++m) {
+      CAPTURE(stop_mode_name(m));
+      CHECK(s.rndv_stops_by_mode[m] == want[m]);
+    }
+    // The deferred message came by one GET of all of it, in every mode.
+    CHECK(s.rndv_get_bytes >= kBytes);
+    CHECK(a.stats().rndv_stopped == 3);
+    CHECK(s.malformed_packets == 0);
+  }
+  CHECK(stop_mode_name(3) == "discard");
+  CHECK(stop_mode_name(4) == "deferred_get");
+}
+
+TEST_CASE("accept() says no_resource while registrations in use fill the cache; the message waits, a retry brings it") {
+  // One registration per context: the first accepted message holds it
+  // until its GET is done.
+  Client client(ClientOptions{.name = "test", .contexts = 2, .job = {},
+                              .config = self_config("AMI_RCACHE_MAX_ENTRIES", "1")});
+  Context& a = client.context(0);
+  Context& b = client.context(1);
+  constexpr std::size_t kBytes = 300 << 10;
+  const auto first = pattern(kBytes, 3), second = pattern(kBytes, 5);
+  // The sender's buffers are registered already: it needs no cache entry.
+  Memory m1, m2;
+  REQUIRE(client.register_memory(const_cast<std::uint8_t*>(first.data()), first.size(), m1).ok());
+  REQUIRE(client.register_memory(const_cast<std::uint8_t*>(second.data()), second.size(), m2).ok());
+  std::vector<Deferred> deferred;
+  deferred.reserve(2);
+  REQUIRE(b.set_dispatch(9, {+[](void* p, const Incoming& in, Receive* recv) {
+                           REQUIRE(in.can_defer);
+                           auto* d = static_cast<std::vector<Deferred>*>(p);
+                           d->emplace_back();
+                           recv->defer = &d->back();
+                         }, &deferred}).ok());
+  Count sent;
+  REQUIRE(a.send({.dest = {0, 1}, .dispatch = 9, .payload = std::as_bytes(std::span(first)),
+                  .local_done = sent.cb(), .memory = &m1}).ok());
+  REQUIRE(a.send({.dest = {0, 1}, .dispatch = 9, .payload = std::as_bytes(std::span(second)),
+                  .local_done = sent.cb(), .memory = &m2}).ok());
+  REQUIRE(advance_both(a, b, [&] { return deferred.size() == 2 && deferred[0].id != 0 && deferred[1].id != 0; }));
+
+  std::vector<std::uint8_t> into1(kBytes), into2(kBytes);
+  Count got1, got2;
+  REQUIRE(b.accept(deferred[0], into1.data(), got1.cb()).ok());
+  // Expect: no_resource, naming accept, the cause and what to do; twice,
+  // since nothing changed.
+  for (int i = 0; i < 2; ++i) {
+    const Status s = b.accept(deferred[1], into2.data(), got2.cb());
+    REQUIRE(s == StatusCode::no_resource);
+    CHECK(std::string(s.what()).find("accept:") == 0);
+    CHECK(std::string(s.what()).find("AMI_RCACHE_MAX_ENTRIES") != std::string::npos);
+    CHECK(std::string(s.what()).find("advance and retry") != std::string::npos);
+  }
+  // Advancing lets the first GET finish and release its registration; the
+  // second message is still there to accept, and its sender still waits.
+  REQUIRE(advance_both(a, b, [&] { return got1.calls == 1 && sent.calls == 1; }));
+  for (int i = 0; i < 100; ++i) {
+    (void)a.advance();
+    (void)b.advance();
+  }
+  CHECK(sent.calls == 1);
+  CHECK(got2.calls == 0);
+  Status s = Status{StatusCode::no_resource};
+  for (int i = 0; i < 1000 && s == StatusCode::no_resource; ++i) {
+    s = b.accept(deferred[1], into2.data(), got2.cb());
+    (void)a.advance();
+    (void)b.advance();
+  }
+  REQUIRE_MESSAGE(s.ok(), to_string(s));
+  REQUIRE(advance_both(a, b, [&] { return got2.calls == 1 && sent.calls == 2; }));
+  CHECK(got1.failed + got2.failed + sent.failed == 0);
+  CHECK(into1 == first);
+  CHECK(into2 == second);
+  CHECK(b.stats().malformed_packets == 0);
+  // Accepted once: a third call names nothing waiting.
+  CHECK(b.accept(deferred[1], into2.data(), {}) == StatusCode::invalid_argument);
 }

@@ -461,7 +461,7 @@ TEST_CASE("a process killed while holding a cell of a peer's ring: the ring goes
     REQUIRE(d0.attach(a).ok());
   }
   ami::shm::ShmDevice device(d0, 0, 16);
-  REQUIRE(device.lane({2, 0}) != nullptr);  // none to task 1: it dies before it is heard
+  REQUIRE(device.lane({2, 0}) != nullptr);  // none to task 1 yet: one is made (and failed) when its death is seen
   char r = 0;
   REQUIRE(write_all(go[1], "g", 1));
   REQUIRE(read_all(up[0], &r, 1));  // the cell is held

@@ -18,11 +18,35 @@
 // is a shared secret compared in constant time, sent as is: it keeps jobs and
 // strays apart, it does not hide from someone who can read the network.
 //
+// Rank 0's port is open to whoever reaches it, so what a stranger can cost is
+// bounded. At most kMaxPendingConnections connections wait for their hello,
+// each for at most Options::hello_timeout; the oldest is dropped to make room,
+// and also when accept() runs out of descriptors or memory (EMFILE, ENFILE,
+// ENOBUFS, ENOMEM), which rank 0 survives. Refusals are logged a few lines
+// one by one, then as a count ("refused N more connection(s)") at most once a
+// second and when listening ends. A second claim of a rank already taken is
+// refused (duplicate rank) and logged with both claimants; the first keeps the
+// rank. A connection rank 0 drops for want of room or time is answered busy,
+// in case it is a rank: a rank so answered connects again. A job that rank
+// 0's descriptor limit cannot hold (one socket per rank, plus
+// kSpareDescriptors) is refused at once.
+//
+// When rank 0 fails it tells every rank connected to it why before closing,
+// so they fail at once with its reason instead of waiting out their timeout.
+//
 // Wire format, all integers little-endian u32:
-//   hello   rank -> 0   magic, version, rank, size, then key length, key
-//   answer  0 -> rank   magic, version, verdict (0 = accepted), size
-//   blob    rank -> 0   length, bytes
-//   table   0 -> rank   count, then count x (length, bytes)
+//   hello    rank -> 0   magic, version, rank, size, then key length, key
+//   answer   0 -> rank   magic, version, verdict (0 = accepted), size; verdict
+//                        7 (rank 0 failed) is followed by length, reason
+//   blob     rank -> 0   length, bytes
+//   table    0 -> rank   count, then count x (length, bytes)
+//   failure  0 -> rank   instead of a table: 0xffffffff, then length, reason
+//                        (rank 0's error, at most kMaxReasonBytes); after it
+//                        rank 0 closes the connection
+// Verdicts: 0 accepted, 1 bad magic, 2 bad version, 3 size mismatch, 4 rank
+// out of range, 5 duplicate rank, 6 wrong key, 7 rank 0 failed (the reason is
+// empty for a peer whose hello rank 0 had not checked), 8 busy (dropped
+// before its hello was read: connect again). Only verdict 7 has a tail.
 #pragma once
 
 #include <chrono>
@@ -44,12 +68,23 @@ struct Options {
   std::string host;        // rank 0 binds here ("" or "0.0.0.0" = any), others connect here
   std::uint16_t port = 0;  // rank 0 may pass 0 and learn the chosen port from TcpBootstrap::port()
   std::chrono::milliseconds timeout{30000};  // for connecting (others retry until it), and for each exchange
+  // Rank 0: how long an accepted connection may take to say its hello (a
+  // real rank says it at once) before it is closed; the job's timeout, if
+  // sooner, comes first and names it.
+  std::chrono::milliseconds hello_timeout{3000};
   std::string key;  // the job's key (at most kMaxKeyBytes); every rank gives the same
   // Rank 0's log of refused connections; by default a line on stderr.
   std::function<void(const std::string&)> log;
 };
 
 inline constexpr std::size_t kMaxKeyBytes = 256;
+// Rank 0: connections accepted and still owing their hello, at most.
+inline constexpr std::size_t kMaxPendingConnections = 128;
+// Rank 0 needs size - 1 sockets plus these below RLIMIT_NOFILE: its own
+// reactor, the listening socket, and room for the rest of the process.
+inline constexpr std::size_t kSpareDescriptors = 64;
+// The longest reason rank 0 sends with a failure.
+inline constexpr std::size_t kMaxReasonBytes = 1024;
 
 using Blob = std::vector<std::byte>;
 inline constexpr std::size_t kMaxBlobBytes = 64 * 1024;
@@ -77,6 +112,7 @@ class TcpBootstrap final : public Bootstrap {
  public:
   // Rank 0 listens and accepts size-1 connections; the others connect,
   // retrying every ~50 ms until the timeout. Size 1 opens no socket at all.
+  // Rank 0 refuses a size its descriptor limit cannot hold.
   explicit TcpBootstrap(const Options& options);
   ~TcpBootstrap() override;  // closes every socket; never throws
   TcpBootstrap(const TcpBootstrap&) = delete;

@@ -4,6 +4,7 @@
 
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/sysinfo.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <cerrno>
 #include <bit>
 #include <cstdio>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -20,7 +22,10 @@
 #include "ami/error.hpp"
 #include "bootstrap.hpp"
 #include "job_bootstrap.hpp"
+#include "memory_budget.hpp"
+#include "reachability.hpp"
 #include "context_impl.hpp"
+#include "fork_guard.hpp"
 #include "verbs_backend/verbs_domain.hpp"
 
 namespace ami {
@@ -32,7 +37,7 @@ std::uint64_t random_job_id() {
   return (std::uint64_t{rd()} << 32) ^ rd() ^ 1;  // never 0
 }
 
-std::uint32_t u32(const Config& c, std::string_view name) {
+std::uint32_t u32(const Config& c, ParamName name) {
   return static_cast<std::uint32_t>(c.number(name));
 }
 
@@ -112,11 +117,13 @@ struct Client::Impl {
 
   void open_verbs(std::uint16_t contexts);
   void exchange_addresses(std::uint16_t contexts);
-  void attach_peer(const AddressBlob& mine, const AddressBlob& peer);
+  std::string attach_peer(const AddressBlob& mine, const AddressBlob& peer);
   static bool verbs_between(const AddressBlob& a, const AddressBlob& b);
   Status register_region(RemoteKey& key, void* address, std::size_t length, std::uint32_t& lkey);
   std::unique_ptr<detail::RegistrationCache> make_cache();
 
+  // The process this Client belongs to (fork_guard.hpp).
+  const std::uint32_t fork_generation = detail::arm_fork_guard();
   // First, so it goes last: a PMIx bootstrap keeps the launcher's session
   // open for the client's life.
   std::unique_ptr<bootstrap::Bootstrap> boot;
@@ -200,8 +207,9 @@ void Client::Impl::exchange_addresses(std::uint16_t n) {
   }
   job = table[0].job;
   regions.set_job(job);
+  std::vector<std::string> unreachable(table.size());
   for (std::uint32_t t = 0; t < table.size(); ++t)
-    if (t != task) attach_peer(mine, table[t]);
+    if (t != task) unreachable[t] = attach_peer(mine, table[t]);
   // In increasing task order on every task, as rdma_cm wants.
   for (std::uint32_t t = 0; t < table.size(); ++t) {
     if (t == task || !verbs_between(mine, table[t])) continue;
@@ -210,29 +218,56 @@ void Client::Impl::exchange_addresses(std::uint16_t n) {
       throw Error("Client: cannot connect to task " + std::to_string(t) + " (" + table[t].hostname +
                   ") by verbs: " + to_string(s));
     ++verbs_peers;
+    unreachable[t].clear();
   }
-  boot->barrier();  // every task has mapped and connected what it will
+  // Every task has mapped and connected what it will; all learn which
+  // pairs are not joined, and fail alike if the job is not whole.
+  std::vector<detail::Unreachable> mine_missing;
+  for (std::uint32_t t = 0; t < table.size(); ++t)
+    if (!unreachable[t].empty()) mine_missing.push_back({t, unreachable[t]});
+  std::vector<std::string> hosts;
+  for (const AddressBlob& b : table) hosts.push_back(b.hostname);
+  detail::check_reachability(boot->allgather(detail::encode_unreachable(mine_missing)), hosts,
+                             config.text("AMI_REACHABILITY") == "symmetric");
   if (auto sockets = boot->peer_sockets(); !sockets.empty())
     connections = std::make_unique<detail::ConnectionWatch>(std::move(sockets), task, size);
 }
 
-void Client::Impl::attach_peer(const AddressBlob& mine, const AddressBlob& peer) {
-  if (!(peer.backends & AddressBlob::kShm) || mine.boot_id.empty() || peer.boot_id != mine.boot_id)
-    return;  // another host: not for shared memory
-  Status s = shm.attach({peer.task, peer.pid, peer.shm_fd, peer.contexts});
-  if (s.ok()) {
-    ++shm_peers;
-    return;
+// Maps the peer's segment when shm joins the two; returns why nothing here
+// reaches the peer yet ("" when shm does; verbs may still, see above).
+std::string Client::Impl::attach_peer(const AddressBlob& mine, const AddressBlob& peer) {
+  // Said the same way on every task, which all print the first such reason.
+  const std::string me = "task " + std::to_string(task), who = "task " + std::to_string(peer.task);
+  if (mine.boot_id.empty() || peer.boot_id != mine.boot_id) {
+    if (verbs_between(mine, peer)) return "its verbs connection failed";  // cleared once connected
+    if (!(mine.backends & AddressBlob::kVerbs))
+      return "it is on another host and verbs is not in use at " + me +
+             (verbs_absent.empty() ? std::string() : " (" + verbs_absent + ")");
+    return "it is on another host and does not use verbs";
   }
-  std::fprintf(stderr, "ami: warning: task %u on this host (%s) is not reachable by shm: %s\n",
-               peer.task, peer.hostname.c_str(), to_string(s).c_str());
+  if (!(mine.backends & AddressBlob::kShm)) {
+    if (verbs_between(mine, peer)) return "its verbs connection failed";
+    return "AMI_BACKENDS at " + me + " leaves out shm, and verbs does not join the two";
+  }
+  if (!(peer.backends & AddressBlob::kShm)) {
+    if (verbs_between(mine, peer)) return "its verbs connection failed";
+    return "AMI_BACKENDS at " + who + " leaves out shm, and verbs does not join the two";
+  }
+  Status s = shm.attach({peer.task, peer.pid, peer.shm_fd, peer.contexts});
+  if (!s.ok()) return "its shared-memory segment cannot be used: " + to_string(s);
+  ++shm_peers;
+  return {};
 }
 
 Client::Client(ClientOptions options) {
   if (options.contexts == 0 || options.contexts > shm::kMaxContexts)
     throw Error("Client: contexts must be 1.." + std::to_string(shm::kMaxContexts));
   const std::uint16_t n = options.contexts;
-  impl_ = std::make_unique<Impl>(options, bootstrap::open_job(options.job, options.config));
+  auto boot = bootstrap::open_job(options.job, options.config);
+  // Before anything is allocated: settings that would take more memory than
+  // the host has fail here, naming the setting, not as std::bad_alloc.
+  check_memory_budget(options.config, n, boot->size());
+  impl_ = std::make_unique<Impl>(options, std::move(boot));
   impl_->exchange_addresses(n);
 
   const Config& c = impl_->config;
@@ -278,6 +313,14 @@ std::vector<std::unique_ptr<Context>> graveyard;
 
 Client::~Client() {
   if (!impl_) return;
+  // A copy a fork left in a child (fork_guard.hpp): the backends, the
+  // bootstrap and the registrations are the parent's, which still uses
+  // them. Nothing is freed; the contexts stay objects that refuse.
+  if (detail::in_forked_child(impl_->fork_generation)) {
+    for (auto& c : impl_->contexts) c->retire();
+    (void)impl_.release();
+    return;
+  }
   // The contexts go first, as they always did; their objects stay.
   std::lock_guard lock(graveyard_mutex);
   for (auto& c : impl_->contexts) {
@@ -345,8 +388,29 @@ Status Client::Impl::register_region(RemoteKey& key, void* address, std::size_t 
   return s;
 }
 
+namespace {
+
+// The most a shared mapping here can ever hold: this host's memory and swap.
+std::uint64_t host_memory_bytes() {
+  struct sysinfo si {};
+  if (::sysinfo(&si) != 0) return std::numeric_limits<std::uint64_t>::max();
+  const std::uint64_t unit = si.mem_unit == 0 ? 1 : si.mem_unit;
+  return (std::uint64_t{si.totalram} + si.totalswap) * unit;
+}
+
+}  // namespace
+
 Status Client::allocate_memory(std::size_t length, Memory& out) {
+  if (detail::in_forked_child(impl_->fork_generation)) return detail::kForkedChild<"allocate_memory">;
   if (length == 0) return {StatusCode::invalid_argument, "allocate_memory: length is zero"};
+  // A length near 2^64 would wrap the size below into one page.
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  if (length > std::numeric_limits<std::size_t>::max() - SharedRegionHeader::kBytes - page)
+    return {StatusCode::invalid_argument, "allocate_memory: length runs past the end of the address space"};
+  // Pages come on first touch; a region larger than the host could ever
+  // back would only fail there (SIGBUS, or the OOM killer).
+  if (length > host_memory_bytes())
+    return {StatusCode::no_resource, "allocate_memory: length is more than this host's memory and swap"};
   const std::size_t bytes = SharedRegionHeader::kBytes + length;
   const int fd = ::memfd_create("ami-region", MFD_CLOEXEC);
   if (fd < 0) return {StatusCode::no_resource, "allocate_memory: memfd_create failed"};
@@ -374,9 +438,12 @@ Status Client::allocate_memory(std::size_t length, Memory& out) {
 }
 
 Status Client::register_memory(void* address, std::size_t length, Memory& out) {
+  if (detail::in_forked_child(impl_->fork_generation)) return detail::kForkedChild<"register_memory">;
   if (address == nullptr && length != 0)
     return {StatusCode::invalid_argument, "register_memory: address is null but length is not zero"};
   if (length == 0) return {StatusCode::invalid_argument, "register_memory: length is zero"};
+  if (reinterpret_cast<std::uintptr_t>(address) > std::numeric_limits<std::uintptr_t>::max() - length)
+    return {StatusCode::invalid_argument, "register_memory: the range runs past the end of the address space"};
   RemoteKey key;
   std::uint32_t lkey = 0;
   Status s = impl_->register_region(key, address, length, lkey);

@@ -5,6 +5,7 @@
 #include "ami/device/coarse_clock.hpp"
 #include "ami/error.hpp"
 #include "context_impl.hpp"
+#include "fork_guard.hpp"
 
 namespace ami {
 
@@ -54,12 +55,26 @@ namespace {
 // past it is still an object to ask).
 const Status kRetired{StatusCode::invalid_argument, "context used after its client was destroyed"};
 
+using detail::in_forked_child;
+using detail::kForkedChild;
+
 }  // namespace
 
-Context::Context(std::unique_ptr<detail::ContextImpl> impl) : impl_(std::move(impl)), index_(impl_->index) {}
-Context::~Context() = default;
+// The first context of the first Client arms the fork guard (fork_guard.hpp).
+Context::Context(std::unique_ptr<detail::ContextImpl> impl)
+    : impl_(std::move(impl)), index_(impl_->index), fork_generation_(detail::arm_fork_guard()) {}
 
-void Context::retire() { impl_.reset(); }
+// In a forked child the engine, the devices and the registration cache are
+// the parent's: freeing them would write its rings and region table, move
+// its verbs queue pairs to error and deregister its memory. They are left.
+Context::~Context() {
+  if (in_forked_child(fork_generation_)) (void)impl_.release();
+}
+
+void Context::retire() {
+  if (in_forked_child(fork_generation_)) (void)impl_.release();  // the parent's: left (see above)
+  else impl_.reset();
+}
 
 std::uint16_t Context::index() const { return index_; }
 Client& Context::client() const {
@@ -77,49 +92,73 @@ const ContextStats& Context::stats() const {
 }
 
 Status Context::set_dispatch(std::uint16_t id, Dispatch dispatch) {
+  if (in_forked_child(fork_generation_)) return kForkedChild<"set_dispatch">;
   if (!impl_) return kRetired;
   return impl_->engine.set_dispatch(id, dispatch);
 }
 
-Status Context::send(const SendParams& params) { return impl_ ? impl_->engine.send(params) : kRetired; }
+Status Context::send(const SendParams& params) {
+  if (in_forked_child(fork_generation_)) return kForkedChild<"send">;
+  return impl_ ? impl_->engine.send(params) : kRetired;
+}
 
 Status Context::send_immediate(const SendImmediateParams& params) {
+  if (in_forked_child(fork_generation_)) return kForkedChild<"send_immediate">;
   if (!impl_) return kRetired;
   return impl_->engine.send_immediate(params);
 }
 
 Status Context::accept(const Deferred& deferred, void* buffer, Callback done, const Memory* memory) {
+  if (in_forked_child(fork_generation_)) return kForkedChild<"accept">;
   if (!impl_) return kRetired;
   return impl_->engine.accept(deferred.id, static_cast<std::byte*>(buffer), done, memory);
 }
 
-Status Context::fence(Endpoint dest, Callback done) { return impl_ ? impl_->engine.fence(dest, done) : kRetired; }
-Status Context::fence_all(Callback done) { return impl_ ? impl_->engine.fence_all(done) : kRetired; }
+Status Context::fence(Endpoint dest, Callback done) {
+  if (in_forked_child(fork_generation_)) return kForkedChild<"fence">;
+  return impl_ ? impl_->engine.fence(dest, done) : kRetired;
+}
+Status Context::fence_all(Callback done) {
+  if (in_forked_child(fork_generation_)) return kForkedChild<"fence_all">;
+  return impl_ ? impl_->engine.fence_all(done) : kRetired;
+}
 void Context::set_fence_handler(FenceHandler handler) {
-  if (impl_) impl_->engine.set_fence_handler(handler);
+  if (impl_ && !in_forked_child(fork_generation_)) impl_->engine.set_fence_handler(handler);
 }
 
-Status Context::post(Callback work) { return impl_ ? impl_->engine.post(work) : kRetired; }
+Status Context::post(Callback work) {
+  if (in_forked_child(fork_generation_)) return kForkedChild<"post">;
+  return impl_ ? impl_->engine.post(work) : kRetired;
+}
 
 void Context::set_error_handler(PeerErrorHandler handler) {
-  if (impl_) impl_->engine.set_error_handler(handler);
+  if (impl_ && !in_forked_child(fork_generation_)) impl_->engine.set_error_handler(handler);
 }
 void Context::watch_peer_failures(PeerErrorHandler watcher) {
-  if (impl_) impl_->engine.watch_peer_failures(watcher);
+  if (impl_ && !in_forked_child(fork_generation_)) impl_->engine.watch_peer_failures(watcher);
 }
 void Context::unwatch_peer_failures(PeerErrorHandler watcher) {
-  if (impl_) impl_->engine.unwatch_peer_failures(watcher);
+  if (impl_ && !in_forked_child(fork_generation_)) impl_->engine.unwatch_peer_failures(watcher);
 }
-Status Context::peer_status(Endpoint dest) const { return impl_ ? impl_->engine.peer_status(dest) : kRetired; }
+Status Context::peer_status(Endpoint dest) const {
+  if (in_forked_child(fork_generation_)) return kForkedChild<"peer_status">;
+  return impl_ ? impl_->engine.peer_status(dest) : kRetired;
+}
 
-std::size_t Context::immediate_limit(Endpoint dest) { return impl_ ? impl_->engine.immediate_limit(dest) : 0; }
+std::size_t Context::immediate_limit(Endpoint dest) {
+  if (in_forked_child(fork_generation_)) return 0;
+  return impl_ ? impl_->engine.immediate_limit(dest) : 0;
+}
 
-std::string_view Context::backend_for(Endpoint dest) { return impl_ ? impl_->engine.backend_for(dest) : ""; }
+std::string_view Context::backend_for(Endpoint dest) {
+  if (in_forked_child(fork_generation_)) return "";
+  return impl_ ? impl_->engine.backend_for(dest) : "";
+}
 
 AckPeerStats Context::ack_stats(Endpoint dest) const { return impl_ ? impl_->engine.ack_stats(dest) : AckPeerStats{}; }
 
 std::string Context::describe_lane(Endpoint dest) {
-  if (!impl_) return {};
+  if (!impl_ || in_forked_child(fork_generation_)) return {};
   const std::string_view backend = backend_for(dest);
   if (backend == "verbs") return impl_->verbs_domain->describe_lane(impl_->index, dest);
   return " Lane            : " + (backend.empty() ? std::string("unreachable") : std::string(backend)) + "\n";
@@ -140,6 +179,8 @@ Status check_rdma(const Client& client, const RdmaParams& p, bool is_put) {
     return {StatusCode::invalid_argument, is_put ? "put: local range exceeds the registration" : "get: local range exceeds the registration"};
   if (p.remote.task != p.dest.task)
     return {StatusCode::invalid_argument, is_put ? "put: remote key belongs to another task than dest" : "get: remote key belongs to another task than dest"};
+  if (p.remote.address + p.remote.length < p.remote.address)  // a key made by hand: from_bytes() refuses it
+    return {StatusCode::remote_access, is_put ? "put: the remote key's region wraps around the address space" : "get: the remote key's region wraps around the address space"};
   if (p.remote_offset > p.remote.length || p.bytes > p.remote.length - p.remote_offset)
     return {StatusCode::remote_access, is_put ? "put: range exceeds the remote key's region" : "get: range exceeds the remote key's region"};
   return Status::success();
@@ -148,6 +189,7 @@ Status check_rdma(const Client& client, const RdmaParams& p, bool is_put) {
 }  // namespace
 
 Status Context::put(const RdmaParams& params) {
+  if (in_forked_child(fork_generation_)) return kForkedChild<"put">;
   if (!impl_) return kRetired;
   Status s = check_rdma(client(), params, true);
   if (!s.ok()) return s;
@@ -156,6 +198,7 @@ Status Context::put(const RdmaParams& params) {
 }
 
 Status Context::get(const RdmaParams& params) {
+  if (in_forked_child(fork_generation_)) return kForkedChild<"get">;
   if (!impl_) return kRetired;
   Status s = check_rdma(client(), params, false);
   if (!s.ok()) return s;
@@ -164,6 +207,9 @@ Status Context::get(const RdmaParams& params) {
 }
 
 std::size_t Context::advance(std::size_t max_loops) {
+  // In a forked child the rings are the parent's: taking from them here
+  // would hand the parent's arrivals to the child as well.
+  if (in_forked_child(fork_generation_)) return 0;
   detail::ContextImpl* impl = impl_.get();
   if (impl == nullptr) return 0;
   std::size_t events = 0;

@@ -12,9 +12,9 @@ namespace ami::bootstrap {
 
 namespace {
 
-std::uint32_t u32(const Config& c, std::string_view name) { return static_cast<std::uint32_t>(c.number(name)); }
+std::uint32_t u32(const Config& c, ParamName name) { return static_cast<std::uint32_t>(c.number(name)); }
 
-bool from_config(const Config& c, std::string_view name) { return c.origin(name) != "default"; }
+bool from_config(const Config& c, ParamName name) { return c.origin(name) != "default"; }
 
 Options tcp_options(const JobOptions& job, const Config& config, std::chrono::milliseconds timeout) {
   Options b;
@@ -23,6 +23,11 @@ Options tcp_options(const JobOptions& job, const Config& config, std::chrono::mi
   b.timeout = timeout;
   b.key = config.text("AMI_JOB_KEY");
   if (b.size == 0) throw Error("Client: the job size must be at least 1");
+  // A size given in code meets the bound AMI_SIZE has.
+  const std::uint64_t max_size = ParamName("AMI_SIZE").spec().max;
+  if (b.size > max_size)
+    throw Error("Client: a job of " + std::to_string(b.size) + " tasks is more than ami serves (at most " +
+                std::to_string(max_size) + ", as AMI_SIZE)");
   if (b.rank >= b.size)
     throw Error("Client: rank " + std::to_string(b.rank) + " is not below the job size " + std::to_string(b.size));
   if (b.size == 1) return b;
@@ -36,7 +41,7 @@ Options tcp_options(const JobOptions& job, const Config& config, std::chrono::mi
 // With AMI_BOOTSTRAP_MODE=pmix, a rank or size also given by hand must be
 // the launcher's.
 void check_agrees(const PmixBootstrap& boot, const JobOptions& job, const Config& config) {
-  auto given = [&](const std::optional<std::uint32_t>& option, std::string_view name) -> std::optional<std::uint32_t> {
+  auto given = [&](const std::optional<std::uint32_t>& option, ParamName name) -> std::optional<std::uint32_t> {
     if (option) return option;
     if (from_config(config, name)) return u32(config, name);
     return std::nullopt;

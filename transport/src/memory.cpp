@@ -10,6 +10,7 @@
 
 #include "ami/device/region_table.hpp"
 #include "byte_io.hpp"
+#include "fork_guard.hpp"
 
 namespace ami {
 
@@ -62,7 +63,7 @@ Memory::Memory(Memory&& other) noexcept
     : table_(std::exchange(other.table_, nullptr)), region_(other.region_), key_(other.key_),
       address_(other.address_), length_(other.length_), local_key_(other.local_key_),
       mapping_(std::exchange(other.mapping_, nullptr)), mapping_bytes_(other.mapping_bytes_),
-      fd_(std::exchange(other.fd_, -1)) {}
+      fd_(std::exchange(other.fd_, -1)), fork_generation_(other.fork_generation_) {}
 
 Memory& Memory::operator=(Memory&& other) noexcept {
   if (this != &other) {
@@ -76,6 +77,7 @@ Memory& Memory::operator=(Memory&& other) noexcept {
     mapping_ = std::exchange(other.mapping_, nullptr);
     mapping_bytes_ = other.mapping_bytes_;
     fd_ = std::exchange(other.fd_, -1);
+    fork_generation_ = other.fork_generation_;
   }
   return *this;
 }
@@ -83,12 +85,16 @@ Memory& Memory::operator=(Memory&& other) noexcept {
 Memory::~Memory() { release(); }
 
 void Memory::release() {
-  if (table_ != nullptr) table_->remove(region_);
+  // A copy a fork left in a child: the registration, the region table's
+  // published slots and the header are the parent's, and it still uses
+  // them. Only the child's own mapping and descriptor go.
+  const bool owner = !detail::in_forked_child(fork_generation_);
+  if (table_ != nullptr && owner) table_->remove(region_);
   table_ = nullptr;
   if (mapping_ != nullptr) {
     // Peers check the generation before each copy: from here on they refuse.
     auto* h = static_cast<SharedRegionHeader*>(mapping_);
-    std::atomic_ref<std::uint32_t>(h->generation).store(0, std::memory_order_release);
+    if (owner) std::atomic_ref<std::uint32_t>(h->generation).store(0, std::memory_order_release);
     ::munmap(mapping_, mapping_bytes_);
     mapping_ = nullptr;
   }

@@ -55,7 +55,8 @@ std::string_view stop_reason_name(std::size_t i) {
 }
 
 std::string_view stop_mode_name(std::size_t i) {
-  static constexpr std::string_view kNames[] = {"discard_get", "split_get", "stop_put"};
+  static constexpr std::string_view kNames[] = {"discard_get", "split_get", "stop_put", "discard", "deferred_get"};
+  static_assert(std::size(kNames) == ContextStats::kStopModes);
   return i < std::size(kNames) ? kNames[i] : "unknown";
 }
 

@@ -8,6 +8,16 @@
 // it fails; everything after returns Status.
 // Thread-safety: register_memory() may be called from any thread; contexts
 // follow the rules in context.hpp.
+//
+// fork(): a child gets a copy of the Client, but its contexts, registrations
+// and backends stay the parent's, which goes on using them untouched. In the
+// child every call that would use them returns not_supported, naming the
+// fork (context.hpp says what each call does there). Destroying the copies
+// changes nothing the parent uses: a Memory unmaps and closes the child's
+// copy of its buffer; the Client frees nothing, since its verbs objects,
+// PMIx session, rings and region table are the parent's (the child keeps
+// its copies of the descriptors). A Client made in the child is its own and
+// works.
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,4 @@
-// ami/collectives.hpp — collectives straight on active messages (DESIGN.md,
+// ami/collectives.hpp — collectives straight on active messages (docs/DESIGN.md,
 // method 5): barrier, broadcast, reduce, allreduce and allgather over a
 // Geometry (the world, or a subset of its tasks), non-blocking, each with a
 // done callback. There is no point-to-point layer underneath: each geometry

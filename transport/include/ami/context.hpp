@@ -19,6 +19,15 @@
 //    return no_resource.
 //  - send_immediate() never queues: it returns no_resource, and the caller
 //    advances and retries.
+//
+// After fork() a context belongs to the process that made its client. In a
+// child every call on it that returns a Status returns not_supported
+// ("send: this process was forked from the one that made the Client ..."),
+// advance() returns 0 without looking at any ring or queue (the parent
+// handles what arrives), immediate_limit() returns 0, backend_for() and
+// describe_lane() nothing, and the setters do nothing; stats() and
+// ack_stats() read the child's copy, and lock()/try_lock()/unlock() work on
+// it. The parent goes on untouched; a Client made in the child works.
 #pragma once
 
 #include <cstddef>
@@ -62,14 +71,31 @@ class Context {
   std::size_t immediate_limit(Endpoint dest);
 
   // Names the buffer of a message its handler deferred (Receive::defer);
-  // done runs when every byte is in place. A null buffer discards it.
-  // invalid_argument when id names no message waiting here.
+  // done runs when every byte is in place (one GET of the whole message). A
+  // null buffer discards it (done runs in a later advance()). Returns
+  //  - ok: the message is on its way (or dropped, given no buffer);
+  //  - no_resource: the buffer cannot be registered now, as the
+  //    registrations in use fill the context's registration cache
+  //    (AMI_RCACHE_MAX_ENTRIES, AMI_RCACHE_MAX_MB), the region table
+  //    (AMI_MAX_REGIONS) or what the NIC may pin; under load, with many
+  //    transfers in flight, this happens. Nothing was done: the message
+  //    stays deferred under the same id, its sender waiting. Advance (a
+  //    transfer that completes releases its registration) and call accept()
+  //    again, or pass memory, a registration covering the buffer, which
+  //    needs none. No request (AMI_MAX_REQUESTS) is taken here: the message
+  //    took its record when it was deferred (with none free,
+  //    Incoming::can_defer is false and it cannot be);
+  //  - another error from registering the buffer (device_error): the
+  //    message stays deferred too; accept it into another buffer, or none;
+  //  - peer_failed: its sender failed first; the message is gone;
+  //  - invalid_argument when id names no message waiting here (never
+  //    deferred, or accepted already).
   Status accept(const Deferred& deferred, void* buffer, Callback done, const Memory* memory = nullptr);
 
   Status put(const RdmaParams& params);
   Status get(const RdmaParams& params);
 
-  // Deterministic fence (DESIGN.md, method 3): done runs once every send,
+  // Deterministic fence (docs/DESIGN.md, method 3): done runs once every send,
   // PUT and GET this context posted to dest before the call is complete at
   // dest (sends dispatched, PUT data placed, GET data here). On a lane that
   // delivers in order the fence is a message behind those operations
@@ -81,12 +107,31 @@ class Context {
   Status fence_all(Callback done);
   // Called at this context when a fence from a peer arrives.
   void set_fence_handler(FenceHandler handler);
-  // Called (inside advance) when a peer fails: its process died (shm sees
-  // it; so does the TCP bootstrap's connection, rank 0 for every task and
-  // every task for rank 0), its lane broke, or it could not be reached by a
-  // keepalive (AMI_KEEPALIVE_INTERVAL).
-  // Every operation to it that was pending has by then completed with an
-  // error; later ones return peer_failed. Other peers are not affected.
+  // Called (inside advance) once for each endpoint that fails: a peer is
+  // an endpoint, {task, context}, so a task of several contexts fails as
+  // several calls. By then every operation to that endpoint that was
+  // pending has completed with an error, and what it sent before it ended
+  // has been taken; peer_status() says peer_failed and later operations to
+  // it return peer_failed. The same on every backend:
+  //  - A task known to have ended fails all its endpoints at once: for
+  //    every context c of the task, {task, c} fails and the handler runs
+  //    for it — in the advance() that learns of the end or the next —
+  //    whether or not this context ever talked to it. A task is known to
+  //    have ended when its process exits on this host (shm watches every
+  //    peer process it maps) or its bootstrap connection closes (rank 0
+  //    sees every task's, every task rank 0's, and rank 0 passes each end
+  //    on).
+  //  - A lane that breaks alone fails only its endpoint: a verbs queue
+  //    pair in error (a remote access error on RC, or transport retries
+  //    exceeded, which is how a keepalive (AMI_KEEPALIVE_INTERVAL) finds a
+  //    peer gone quiet), a shm ring cell the peer gave up. The task's other
+  //    endpoints go on until their own lanes break or the task's end is
+  //    known as above (a job under PMIx has no bootstrap connections: on
+  //    verbs, a task that died is then found lane by lane).
+  //  - An endpoint that sends here although no backend of this context
+  //    reaches it fails here: it cannot be answered
+  //    (ContextStats::packets_from_unknown_peers).
+  // Other endpoints are not affected.
   void set_error_handler(PeerErrorHandler handler);
   // For a layer built on this context (ami::Collectives is one): called
   // like the error handler, and before it, for every peer that fails.
@@ -127,6 +172,7 @@ class Context {
   void retire();  // the client is going: everything but the object goes
   std::unique_ptr<detail::ContextImpl> impl_;
   std::uint16_t index_;
+  std::uint32_t fork_generation_;  // of the process that made it (a forked child's differs)
 };
 
 }  // namespace ami

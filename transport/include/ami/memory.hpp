@@ -13,6 +13,10 @@
 // A RemoteKey is plain data that the owner hands to peers (as bytes) so they
 // can PUT into or GET from the region. Wire input: from_bytes() validates it
 // and every use is checked against the owner's registration.
+//
+// After fork() the child's copy of a Memory is the parent's registration:
+// destroying it there only unmaps and closes the child's copies; the
+// parent's keys stay valid.
 #pragma once
 
 #include <array>
@@ -26,6 +30,12 @@ namespace ami {
 
 namespace device {
 class RegionTable;
+}
+
+namespace detail {
+// The process's fork generation (transport/src/fork_guard.hpp): a Memory
+// notes it, so that a copy a fork left in a child knows it is not the owner.
+std::uint32_t current_fork_generation() noexcept;
 }
 
 struct RemoteKey {
@@ -91,6 +101,7 @@ class Memory {
   void* mapping_ = nullptr;  // allocate_memory() only
   std::size_t mapping_bytes_ = 0;
   int fd_ = -1;
+  std::uint32_t fork_generation_ = detail::current_fork_generation();  // the process that made it
 };
 
 // The first page of a shared region's memfd: who it belongs to, so a peer

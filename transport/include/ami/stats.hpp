@@ -37,13 +37,18 @@ struct ContextStats {
   std::uint64_t rndv_decisions = 0;
   static constexpr std::size_t kStopReasons = 5;  // no_buffer, zero_copy, reception_low, large, deferred
   std::array<std::uint64_t, kStopReasons> rndv_stops_by_reason{};
-  static constexpr std::size_t kStopModes = 3;  // discard_get, split_get, stop_put
+  // By the path the rest of the message took: the three AMI_RNDV_MODE modes,
+  // then the two a message without a buffer takes whatever that mode says
+  // (drops what still comes eagerly, as discard_get does) — discard (no
+  // buffer: nothing is fetched) and deferred_get (Receive::defer: accept()
+  // GETs the whole message, or drops it given no buffer).
+  static constexpr std::size_t kStopModes = 5;  // discard_get, split_get, stop_put, discard, deferred_get
   std::array<std::uint64_t, kStopModes> rndv_stops_by_mode{};
   unsigned reception_load_max = 0;        // highest reception load (percent) a decision saw
   std::uint64_t rndv_eager_complete = 0;  // stoppable messages that arrived whole, eagerly
   std::uint64_t rndv_get_bytes = 0;       // fetched by discard_get and split_get
   std::uint64_t rndv_late_bytes = 0;      // eager bytes that arrived after a stop
-  // Acknowledgements (DESIGN.md, method 4): one ack answers a run of
+  // Acknowledgements (docs/DESIGN.md, method 4): one ack answers a run of
   // messages (remote-dones, rendezvous verdicts, fence answers) from one
   // origin, sent when the context is idle or the origin's window is full.
   std::uint64_t acks_sent = 0;
@@ -61,6 +66,12 @@ struct ContextStats {
   std::uint64_t keepalives_sent = 0;
   std::uint64_t keepalives_received = 0;
   std::uint64_t packets_from_failed = 0;  // arrived from a peer already failed; dropped
+  // Arrived from an endpoint of the job this context has no lane to on the
+  // backend they came by, so it cannot answer them: dropped, and when no
+  // backend here reaches the endpoint at all, the endpoint fails here (its
+  // sender cannot be told). An origin outside the job is malformed instead
+  // (bad_origin).
+  std::uint64_t packets_from_unknown_peers = 0;
   // The context's registration cache.
   std::uint64_t rcache_hits = 0;
   std::uint64_t rcache_misses = 0;

@@ -33,6 +33,11 @@ class PacketSink {
   // error): called once, inside progress(), after the device completed
   // every descriptor still in the lane's FIFO with an error. why names it.
   virtual void on_lane_failed(Endpoint peer, Status why) = 0;
+  // The device dropped an arrival of its own traffic (shm: a ring-copy PUT
+  // or GET cell) from an origin it has no lane back to, so it can neither
+  // serve nor answer it. (Packets from such an origin still go to
+  // on_packet(): another device may reach it.) For the sink to count.
+  virtual void on_unknown_origin(Endpoint origin) { (void)origin; }
 
  protected:
   ~PacketSink() = default;

@@ -1,6 +1,6 @@
 // ami/device/injection_fifo.hpp — the software side of a device queue: a ring
 // of descriptor slots, its parallel pending callback list, and the transfer
-// counter the device advances (DESIGN.md, method 1).
+// counter the device advances (docs/DESIGN.md, method 1).
 //
 // Software reserves a slot, fills the descriptor, commits it (optionally
 // listing a callback) and rings the device. The device works through slots

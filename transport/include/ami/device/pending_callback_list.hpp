@@ -1,5 +1,5 @@
 // ami/device/pending_callback_list.hpp — one callback slot per injection FIFO
-// slot, and the count of slots holding one (DESIGN.md, method 1).
+// slot, and the count of slots holding one (docs/DESIGN.md, method 1).
 //
 // An instruction without a callback lists nothing: its slot stays null and
 // the completion step passes over it. No sequence numbers, no completion

@@ -6,6 +6,12 @@
 // generation is published with release after its range is written. A
 // generation is odd while the slot is live, even while it is free, so a key
 // kept after deregistration (or after the slot is reused) is refused.
+//
+// A backend whose peers reach this task's memory without asking it (shm
+// with CMA: the peer writes with process_vm_writev) gets a copy of the
+// slots in memory those peers map (publish_to()), and checks a key against
+// the owner's copy with check_published() before every access: the same
+// refusals as check(), made at the origin.
 #pragma once
 
 #include <atomic>
@@ -18,26 +24,60 @@
 
 namespace ami::device {
 
+// One registration as the owner publishes it. Plain atomics only, so it
+// can live in memory shared between processes.
+struct RegionSlot {
+  std::atomic<std::uint32_t> generation{0};
+  std::uint32_t reserved = 0;
+  std::atomic<std::uint64_t> address{0};
+  std::atomic<std::uint64_t> length{0};
+};
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
+
+// Is [address, address + bytes) of the key's region inside the registration
+// slot describes? Reads the slot as a seqlock: the range, then the
+// generation again, so a slot being reused is never half-read.
+inline Status check_slot(const RegionSlot& s, const RemoteKey& key, std::uint64_t address,
+                         std::uint64_t bytes) {
+  const std::uint32_t gen = s.generation.load(std::memory_order_acquire);
+  if (!(gen & 1u) || gen != key.generation)
+    return {StatusCode::remote_access, "remote key is stale (region deregistered)"};
+  const std::uint64_t start = s.address.load(std::memory_order_relaxed);
+  const std::uint64_t length = s.length.load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (s.generation.load(std::memory_order_relaxed) != gen)
+    return {StatusCode::remote_access, "remote key is stale (region deregistered)"};
+  if (address < start || address - start > length || bytes > length - (address - start))
+    return {StatusCode::remote_access, "access lies outside the registered region"};
+  return Status::success();
+}
+
 class RegionTable {
  public:
   RegionTable(std::uint64_t job, std::uint32_t task, std::uint32_t capacity)
-      : job_(job), task_(task), capacity_(capacity), slots_(std::make_unique<Slot[]>(capacity)) {}
+      : job_(job), task_(task), capacity_(capacity), slots_(std::make_unique<RegionSlot[]>(capacity)) {}
 
   std::uint64_t job() const { return job_; }
   // Setup only, before the first registration: the job id agreed at bootstrap.
   void set_job(std::uint64_t job) { job_ = job; }
   std::uint32_t task() const { return task_; }
+  std::uint32_t capacity() const { return capacity_; }
+
+  // Setup only, before the first registration: every later add() and
+  // remove() is written to shared[0, capacity()) too.
+  void publish_to(RegionSlot* shared) { published_ = shared; }
 
   Status add(const void* address, std::uint64_t length, RemoteKey& key) {
+    const auto start = reinterpret_cast<std::uintptr_t>(address);
+    if (length == 0 || start + length < start)
+      return {StatusCode::invalid_argument, "register_memory: the range runs past the end of the address space"};
     for (std::uint32_t i = 0; i < capacity_; ++i) {
-      Slot& s = slots_[i];
-      const std::uint32_t gen = s.generation.load(std::memory_order_relaxed);
+      const std::uint32_t gen = slots_[i].generation.load(std::memory_order_relaxed);
       if (gen & 1u) continue;
-      s.address = reinterpret_cast<std::uintptr_t>(address);
-      s.length = length;
-      s.generation.store(gen + 1, std::memory_order_release);
+      fill(slots_[i], start, length, gen + 1);
+      if (published_ != nullptr) fill(published_[i], start, length, gen + 1);
       key = RemoteKey{.job = job_, .task = task_, .region = i, .generation = gen + 1,
-                      .backend_key = 0, .address = s.address, .length = length};
+                      .backend_key = 0, .address = start, .length = length};
       return Status::success();
     }
     return {StatusCode::no_resource, "register_memory: the region table is full (AMI_MAX_REGIONS)"};
@@ -51,42 +91,46 @@ class RegionTable {
 
   void remove(std::uint32_t region) {
     if (region >= capacity_) return;
-    Slot& s = slots_[region];
-    const std::uint32_t gen = s.generation.load(std::memory_order_relaxed);
+    const std::uint32_t gen = slots_[region].generation.load(std::memory_order_relaxed);
     if (!(gen & 1u)) return;
     if (on_remove_) on_remove_(region);
-    s.generation.store(gen + 1, std::memory_order_release);
+    // The published copy first: from here on no peer starts a copy into it.
+    if (published_ != nullptr) published_[region].generation.store(gen + 1, std::memory_order_release);
+    slots_[region].generation.store(gen + 1, std::memory_order_release);
   }
 
   // May [address, address + bytes) of the key's region be accessed? Returns
   // the local address through out on success.
   Status check(const RemoteKey& key, std::uint64_t address, std::uint64_t bytes,
                std::byte*& out) const {
-    if (key.job != job_) return {StatusCode::remote_access, "remote key belongs to another job"};
-    if (key.task != task_) return {StatusCode::remote_access, "remote key names another task"};
-    if (key.region >= capacity_) return {StatusCode::remote_access, "remote key names no region"};
-    const Slot& s = slots_[key.region];
-    const std::uint32_t gen = s.generation.load(std::memory_order_acquire);
-    if (!(gen & 1u) || gen != key.generation)
-      return {StatusCode::remote_access, "remote key is stale (region deregistered)"};
-    if (address < s.address || address - s.address > s.length ||
-        bytes > s.length - (address - s.address))
-      return {StatusCode::remote_access, "access lies outside the registered region"};
+    const Status s = check_published(slots_.get(), capacity_, job_, task_, key, address, bytes);
+    if (!s.ok()) return s;
     out = reinterpret_cast<std::byte*>(address);
     return Status::success();
   }
 
- private:
-  struct Slot {
-    std::atomic<std::uint32_t> generation{0};
-    std::uintptr_t address = 0;
-    std::uint64_t length = 0;
-  };
+  // The same check at a peer, against the slots the owner published
+  // (published: capacity slots in memory the owner maps).
+  static Status check_published(const RegionSlot* published, std::uint32_t capacity, std::uint64_t job,
+                                std::uint32_t task, const RemoteKey& key, std::uint64_t address,
+                                std::uint64_t bytes) {
+    if (key.job != job) return {StatusCode::remote_access, "remote key belongs to another job"};
+    if (key.task != task) return {StatusCode::remote_access, "remote key names another task"};
+    if (key.region >= capacity) return {StatusCode::remote_access, "remote key names no region"};
+    return check_slot(published[key.region], key, address, bytes);
+  }
 
+ private:
+  static void fill(RegionSlot& s, std::uint64_t address, std::uint64_t length, std::uint32_t gen) {
+    s.address.store(address, std::memory_order_relaxed);
+    s.length.store(length, std::memory_order_relaxed);
+    s.generation.store(gen, std::memory_order_release);
+  }
   std::uint64_t job_;
   const std::uint32_t task_;
   const std::uint32_t capacity_;
-  std::unique_ptr<Slot[]> slots_;
+  std::unique_ptr<RegionSlot[]> slots_;
+  RegionSlot* published_ = nullptr;
   std::function<void(std::uint32_t)> on_remove_;
 };
 
