@@ -9,10 +9,14 @@
 //   barrier <usec>
 //   allreduce_8 <usec>
 //   allreduce_1m <usec>
+//   allreduce_<bytes> <usec>     for each size of --sweep
 //
 // usage: ami_coll_bench [--iters N] [--large-iters N] [--reps R] [--yield]
+//                       [--sweep BYTES,BYTES,...]
 //   --yield: sched_yield() whenever an advance finds nothing to do (for
 //   jobs with more tasks than cores).
+//   --sweep: allreduce at these sizes too (multiples of 8 up to 1 MiB),
+//   each with N * 64 / bytes iterations, at least the large ones.
 #include <sched.h>
 
 #include <algorithm>
@@ -29,12 +33,37 @@ namespace {
 
 constexpr std::uint16_t kDispatch = 60;
 
+constexpr std::size_t kLargeCount = 131072;  // doubles: 1 MiB
+
 struct Options {
   int iters = 10000;
   int large_iters = 200;
   int reps = 11;
   bool yield = false;
+  std::vector<std::size_t> sweep;  // bytes
 };
+
+// "64,512,4096" -> sizes; false unless every one is a multiple of 8 in 8..1 MiB.
+bool parse_sizes(const std::string& list, std::vector<std::size_t>& out) {
+  std::size_t at = 0;
+  while (at <= list.size()) {
+    const std::size_t end = std::min(list.find(',', at), list.size());
+    const std::string item = list.substr(at, end - at);
+    char* rest = nullptr;
+    const unsigned long long v = std::strtoull(item.c_str(), &rest, 10);
+    if (item.empty() || *rest != '\0' || v < 8 || v > kLargeCount * 8 || v % 8 != 0) return false;
+    out.push_back(static_cast<std::size_t>(v));
+    at = end + 1;
+  }
+  return true;
+}
+
+// Iterations of a sweep size: iters at 64 B, fewer in proportion above, at
+// least large_iters.
+int sweep_iters(const Options& o, std::size_t bytes) {
+  const auto n = static_cast<long long>(o.iters) * 64 / static_cast<long long>(bytes);
+  return static_cast<int>(std::clamp<long long>(n, o.large_iters, std::max(o.iters, o.large_iters)));
+}
 
 bool parse(int argc, char** argv, Options& o) {
   for (int i = 1; i < argc; ++i) {
@@ -48,8 +77,11 @@ bool parse(int argc, char** argv, Options& o) {
       o.reps = std::atoi(argv[++i]);
     } else if (a == "--yield") {
       o.yield = true;
+    } else if (a == "--sweep" && has_value && parse_sizes(argv[i + 1], o.sweep)) {
+      ++i;
     } else {
-      std::fprintf(stderr, "usage: %s [--iters N] [--large-iters N] [--reps R] [--yield]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--iters N] [--large-iters N] [--reps R] [--yield] [--sweep BYTES,...]\n",
+                   argv[0]);
       return false;
     }
   }
@@ -130,13 +162,17 @@ int main(int argc, char** argv) {
     Bench b(client, o);
     const double x = 1.0 + b.rank();
     double y = 0;
-    std::vector<double> send(131072, 1.0 + b.rank()), recv(send.size());
+    std::vector<double> send(kLargeCount, 1.0 + b.rank()), recv(send.size());
     const double barrier = b.measure(o.iters, [&] { b.barrier(); });
     const double small = b.measure(o.iters, [&] { b.allreduce(&x, &y, 1); });
     const double large = b.measure(o.large_iters, [&] { b.allreduce(send.data(), recv.data(), send.size()); });
+    std::vector<double> swept;
+    for (std::size_t bytes : o.sweep)
+      swept.push_back(b.measure(sweep_iters(o, bytes), [&] { b.allreduce(send.data(), recv.data(), bytes / 8); }));
     b.farewell();
     if (b.rank() == 0) {
       std::printf("barrier %.3f\nallreduce_8 %.3f\nallreduce_1m %.3f\n", barrier, small, large);
+      for (std::size_t i = 0; i < o.sweep.size(); ++i) std::printf("allreduce_%zu %.3f\n", o.sweep[i], swept[i]);
       const double n = static_cast<double>(client.size());
       if (y != n * (n + 1) / 2 || recv[12345] != y) {
         std::fprintf(stderr, "ami_coll_bench: wrong allreduce result\n");

@@ -15,16 +15,26 @@
 # rounds, and the table shows the medians of the rounds and ami/MPI.
 # Targets at 2 processes: barrier and 8 B allreduce <= 1.00, 1 MiB <= 1.10.
 #
+# The same runs time allreduce at the sizes in between too (BYTES, each
+# with fewer iterations as it grows); the allreduce latency by size, ami and
+# MPI at each job size, is printed as a second table and drawn by
+# bench/plot.sh. Written to OUT_DIR: coll_vs_mpi.txt (everything printed),
+# coll_vs_mpi_allreduce.dat/.png.
+#
 # usage: bench/coll_vs_mpi.sh [build-dir]
 #        ROUNDS=5          rounds (at least 3)
 #        SIZES="2 4 8"     job sizes
+#        BYTES="64 512 4096 32768 262144"   allreduce sizes between 8 B and 1 MiB ("": none)
 #        NO_BUILD=1        measure the build directory as it is
 #        VERBOSE=1         every run's figures on stderr
+#        OUT_DIR=<build-dir>/bench-results
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
 ROUNDS=${ROUNDS:-5}
 SIZES=${SIZES:-"2 4 8"}
+BYTES=${BYTES-64 512 4096 32768 262144}
+OUT_DIR=${OUT_DIR:-$BUILD/bench-results}
 NO_BUILD=${NO_BUILD:-0}
 VERBOSE=${VERBOSE:-0}
 PORT=${PORT:-19700}
@@ -60,13 +70,16 @@ build() {
 }
 
 # Iterations per repetition and repetitions, by job size: short
-# repetitions, many of them.
+# repetitions, many of them; and the sweep's sizes.
 args_for() {
   case $1 in
     2) echo "--iters 2000 --large-iters 20 --reps 41" ;;
     4) echo "--iters 200 --large-iters 4 --reps 21" ;;
     *) echo "--iters 100 --large-iters 2 --reps 15" ;;
   esac
+  local sweep
+  sweep=$(echo $BYTES | tr ' ' ',')
+  [[ -z $sweep ]] || echo "--sweep $sweep"
 }
 
 # run_ami N -> the program's three lines
@@ -116,9 +129,27 @@ row() {  # row N KEY LABEL TARGET
     printf "%5s  %-16s %12s %12s  %s   %-8s %s\n", n, l, a, m, r, t, note }'
 }
 
-main() {
-  check_mpi
-  build
+# by_size: allreduce latency by size, a column per side and job size,
+# printed and written for plot.sh.
+by_size() {
+  local n side bytes key
+  {
+    printf '%-10s' bytes
+    for n in $SIZES; do printf ' %14s %14s' "ami_${n}_procs" "MPI_${n}_procs"; done
+    echo
+    for bytes in 8 $BYTES 1048576; do
+      key=allreduce_$bytes
+      ((bytes == 1048576)) && key=allreduce_1m
+      printf '%-10s' "$bytes"
+      for n in $SIZES; do
+        for side in ami mpi; do printf ' %14s' "$(printf '%s' "${samples[$side/$n/$key]:-}" | median)"; done
+      done
+      echo
+    done
+  } | tee "$OUT_DIR/coll_vs_mpi_allreduce.dat"
+}
+
+report() {
   echo "# ami vs $(mpirun --version 2>/dev/null | head -1) (btl self,vader), processes pinned to cores rank % $CORES"
   echo "# $ROUNDS interleaved rounds; each figure is the median of the rounds' medians, usec per collective"
   for ((round = 1; round <= ROUNDS; round++)); do
@@ -141,6 +172,19 @@ main() {
     row "$n" allreduce_8 "allreduce 8 B" "$t8"
     row "$n" allreduce_1m "allreduce 1 MiB" "$t1m"
   done
+  echo
+  echo "# allreduce by size (sums of doubles), usec per allreduce, medians of the rounds"
+  by_size
+}
+
+main() {
+  check_mpi
+  build
+  mkdir -p "$OUT_DIR"
+  rm -f "$OUT_DIR"/coll_vs_mpi_allreduce.{dat,png}
+  report | tee "$OUT_DIR/coll_vs_mpi.txt"
+  bench/plot.sh --pairs -t "allreduce (sums of doubles): ami vs Open MPI (btl self,vader)" \
+    -y "latency [usec per allreduce]" "$OUT_DIR/coll_vs_mpi_allreduce.dat" "$OUT_DIR/coll_vs_mpi_allreduce.png" || true
 }
 
 main "$@"

@@ -7,12 +7,19 @@
 # ami/perftest is what to read: absolute numbers on an emulated NIC in a TCG
 # VM move by tens of percent from run to run.
 #
+# Back on the host, the table is drawn by bench/plot.sh: bandwidth and
+# latency against message size, a line per tool. Written to OUT_DIR:
+# rxe_vs_perftest.txt (everything printed), rxe_vs_perftest_bw.dat/.png,
+# rxe_vs_perftest_lat.dat/.png.
+#
 # usage: bench/rxe_vs_perftest.sh [build-dir]
 #        (ROUNDS=5 LAT_ITERS=1000 BW_ITERS=5000 BW_ITERS_LARGE=1000
-#         SIZES="2 4096 65536" to change; BW_ITERS_LARGE is for sizes above 4 KiB)
+#         SIZES="2 4096 65536" OUT_DIR=<build-dir>/bench-results to change;
+#         BW_ITERS_LARGE is for sizes above 4 KiB)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
+OUT_DIR=${OUT_DIR:-$BUILD/bench-results}
 ROUNDS=${ROUNDS:-5}
 LAT_ITERS=${LAT_ITERS:-1000}
 BW_ITERS=${BW_ITERS:-5000}
@@ -46,12 +53,42 @@ figure() {
 
 host_main() {
   [[ -f "$BUILD/build.ninja" ]] || meson setup "$BUILD" >/dev/null
-  meson compile -C "$BUILD" >/dev/null
-  local build
+  local build rc=0 pair tools=()
+  for pair in "${PAIRS[@]}"; do tools+=("tools/${pair%% *}"); done
+  meson compile -C "$BUILD" "${tools[@]}" >/dev/null
   build=$(cd "$BUILD" && pwd)
+  mkdir -p "$OUT_DIR"
+  rm -f "$OUT_DIR"/rxe_vs_perftest_{bw,lat}.{dat,png}
   # The VM passes only AMI_* variables on: the settings go as arguments.
-  exec tests/rxe/ami-vm --timeout 3000 --share "$PWD" --share "$build" -- "$PWD/bench/rxe_vs_perftest.sh" "$build" "$ROUNDS" "$LAT_ITERS" \
-    "$BW_ITERS" "$BW_ITERS_LARGE" "$SIZES"
+  tests/rxe/ami-vm --timeout 3000 --share "$PWD" --share "$build" -- "$PWD/bench/rxe_vs_perftest.sh" "$build" \
+    "$ROUNDS" "$LAT_ITERS" "$BW_ITERS" "$BW_ITERS_LARGE" "$SIZES" | tee "$OUT_DIR/rxe_vs_perftest.txt" || rc=$?
+  plot bw "bandwidth, average [MiB/s]" "ami vs perftest on soft-RoCE (rxe0): bandwidth"
+  plot lat "latency, t_typical [usec]" "ami vs perftest on soft-RoCE (rxe0): latency"
+  return "$rc"
+}
+
+# plot bw|lat YLABEL TITLE: the rows of the final table for that kind of
+# test, a column per tool, drawn when there is any.
+plot() {
+  local kind=$1 dat=$OUT_DIR/rxe_vs_perftest_$1.dat
+  awk -v kind="_$kind" '
+    $1 ~ /^ami_/ && $2 ~ /^[0-9]+$/ && NF >= 4 && substr($1, length($1) - length(kind) + 1) == kind {
+      ib = $1; sub(/^ami_/, "ib_", ib)
+      if (!(ib in col)) { col[$1] = ++n; name[n] = $1; col[ib] = ++n; name[n] = ib }
+      if (!($2 in seen)) { seen[$2] = 1; size[++m] = $2 }
+      v[$2, col[$1]] = $3; v[$2, col[ib]] = $4
+    }
+    END {
+      if (!m) exit
+      printf "bytes"; for (i = 1; i <= n; i++) printf " %s", name[i]; print ""
+      for (k = 1; k <= m; k++) {
+        printf "%s", size[k]
+        for (i = 1; i <= n; i++) printf " %s", ((size[k], i) in v) ? v[size[k], i] : "nan"
+        print ""
+      }
+    }' "$OUT_DIR/rxe_vs_perftest.txt" >"$dat"
+  [[ -s $dat ]] || { rm -f "$dat"; return 0; }
+  bench/plot.sh --pairs -t "$3" -y "$2" "$dat" "$OUT_DIR/rxe_vs_perftest_$kind.png" || true
 }
 
 # ---- in the VM ---------------------------------------------------------------

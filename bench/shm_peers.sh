@@ -5,7 +5,19 @@
 # ROUNDS interleaved runs; the ratio ami/peer is what to read, since absolute
 # numbers move with the machine's load.
 #
-# usage: bench/shm_peers.sh [build-dir]     (ROUNDS=3 ITERS=... to change)
+# Then, in the same rounds, a sweep over SIZES: active-message latency
+# (ami_send_lat, ucx ucp_am_lat, fi_pingpong) and bandwidth (ami_send_bw,
+# ami_write_bw, ami_read_bw against ucp_am_bw, ucp_put_bw, ucp_get), printed
+# as two more tables and drawn by bench/plot.sh against message size. The
+# tables and plots are written to OUT_DIR: shm_peers.txt (everything
+# printed), shm_peers_lat.dat/.png, shm_peers_bw.dat/.png.
+#
+# usage: bench/shm_peers.sh [build-dir]
+#        ROUNDS=3                       rounds
+#        LAT_ITERS RATE_ITERS BW_ITERS  iterations of the 8 B and 1 MiB figures
+#        SIZES="8 64 ... 1048576"       the sweep's sizes ("" leaves it out)
+#        SWEEP_BYTES=268435456          bytes per bandwidth run of the sweep
+#        OUT_DIR=<build-dir>/bench-results
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -13,6 +25,9 @@ ROUNDS=${ROUNDS:-3}
 LAT_ITERS=${LAT_ITERS:-20000}
 RATE_ITERS=${RATE_ITERS:-200000}
 BW_ITERS=${BW_ITERS:-2000}
+SIZES=${SIZES-8 64 512 4096 32768 262144 1048576}
+SWEEP_BYTES=${SWEEP_BYTES:-268435456}
+OUT_DIR=${OUT_DIR:-$BUILD/bench-results}
 PORT=${PORT:-19000}
 SERVER_CPU=0
 CLIENT_CPU=$(( $(nproc) > 1 ? 1 : 0 ))
@@ -31,7 +46,8 @@ ensure_packages() {
 
 ensure_build() {
   [[ -f "$BUILD/build.ninja" ]] || meson setup "$BUILD" >/dev/null
-  meson compile -C "$BUILD" >/dev/null
+  meson compile -C "$BUILD" tools/ami_info tools/ami_send_lat tools/ami_send_bw tools/ami_write_bw \
+    tools/ami_read_bw >/dev/null
 }
 
 # pair SERVER-CMD... -- CLIENT-CMD...: runs both pinned, prints the client's output.
@@ -62,16 +78,59 @@ ucx() {  # ucx TEST SIZE ITERS -> ucx_perftest's Final line
        ucx_perftest 127.0.0.1 -t "$test" -s "$size" -n "$iters" -p "$PORT" | grep '^Final:'
 }
 
-fabric() {  # fabric SIZE ITERS -> fi_pingpong's result row
+fabric() {  # fabric SIZE ITERS -> fi_pingpong's result row (the one after its header: it
+            # prints sizes as 1k, 1m)
   local size=$1 iters=$2
   pair fi_pingpong -p shm -e rdm -S "$size" -I "$iters" -B "$PORT" -- \
-       fi_pingpong -p shm -e rdm -S "$size" -I "$iters" -P "$PORT" 127.0.0.1 | awk -v s="$size" '$1 == s'
+       fi_pingpong -p shm -e rdm -S "$size" -I "$iters" -P "$PORT" 127.0.0.1 | awk 'row { print; exit } $1 == "bytes" { row = 1 }'
 }
 
 median() { sort -g | awk '{v[NR] = $1} END {if (NR == 0) print "nan"; else print v[int((NR + 1) / 2)]}'; }
 
 declare -A samples
 add() { samples[$1]+="$2"$'\n'; }
+
+# Iterations of the sweep at SIZE: latency runs LAT_ITERS up to 512 B and
+# fewer above (at least 200); bandwidth runs move SWEEP_BYTES (at least 200
+# and at most RATE_ITERS messages).
+lat_iters() { awk -v n="$LAT_ITERS" -v s="$1" 'BEGIN { m = int(n * 512 / s); if (m > n) m = n; if (m < 200) m = 200; print m }'; }
+bw_iters() { awk -v b="$SWEEP_BYTES" -v r="$RATE_ITERS" -v s="$1" 'BEGIN { m = int(b / s); if (m > r) m = r; if (m < 200) m = 200; print m }'; }
+
+# The sweep: for each size, each figure into samples[KEY/SIZE].
+sweep_round() {
+  local size li bi
+  for size in $SIZES; do
+    li=$(lat_iters "$size") bi=$(bw_iters "$size")
+    add "lat_ami/$size"  "$(ami ami_send_lat "$size" "$li" | awk '{print $5}')"    # t_typical [usec]
+    add "lat_ucx/$size"  "$(ucx ucp_am_lat "$size" "$li" | awk '{print $3}')"      # 50%ile [usec]
+    add "lat_fi/$size"   "$(fabric "$size" "$li" | awk '{print $7}')"               # usec/xfer
+    add "bw_ami/$size"   "$(ami ami_send_bw "$size" "$bi" | awk '{print $4}')"      # MiB/s
+    add "bw_ucx/$size"   "$(ucx ucp_am_bw "$size" "$bi" | awk '{print $7}')"
+    add "put_ami/$size"  "$(ami ami_write_bw "$size" "$bi" | awk '{print $4}')"
+    add "put_ucx/$size"  "$(ucx ucp_put_bw "$size" "$bi" | awk '{print $7}')"
+    add "get_ami/$size"  "$(ami ami_read_bw "$size" "$bi" | awk '{print $4}')"
+    add "get_ucx/$size"  "$(ucx ucp_get "$size" "$bi" | awk '{print $7}')"
+  done
+}
+
+# sweep_table FILE KEY:NAME...: the medians by size, one column per key,
+# printed and written to FILE (bench/plot.sh's input).
+sweep_table() {
+  local file=$1 size spec
+  shift
+  {
+    printf '%-10s' bytes
+    for spec in "$@"; do printf ' %14s' "${spec#*:}"; done
+    echo
+    for size in $SIZES; do
+      printf '%-10s' "$size"
+      for spec in "$@"; do
+        printf ' %14s' "$(printf '%s' "${samples[${spec%%:*}/$size]:-}" | grep . | median)"
+      done
+      echo
+    done
+  } | tee "$file"
+}
 
 one_round() {
   add ami_lat8   "$(ami ami_send_lat 8 "$LAT_ITERS" | awk '{print $5}')"            # t_typical
@@ -96,14 +155,13 @@ row() {  # row LABEL AMI-KEY PEER-KEY PEER-NAME TARGET LOWER_IS_BETTER
     printf "%-28s %14.3f %14.3f  %-14s %8.3f   %s\n", l, a, p, n, r, t }'
 }
 
-main() {
-  ensure_packages
-  ensure_build
+report() {
   echo "# ami vs UCX (UCX_TLS=sm) and libfabric (shm); server on core $SERVER_CPU, client on core $CLIENT_CPU"
   echo "# $ROUNDS interleaved rounds, medians; $("$BUILD/tools/ami_info" | head -1 | sed 's/^# //')"
   for ((r = 1; r <= ROUNDS; r++)); do
     echo "# round $r" >&2
     one_round
+    sweep_round
   done
   printf '%-28s %14s %14s  %-14s %8s   %s\n' figure ami peer "peer is" ami/peer target
   row "AM latency 8 B [usec]"      ami_lat8  ucx_lat8  ucx_perftest "<= 1.10"
@@ -112,6 +170,27 @@ main() {
   row "AM bandwidth 1 MiB [MiB/s]" ami_bw1m  ucx_bw1m  ucx_perftest "(reference)"
   row "PUT bandwidth 1 MiB [MiB/s]" ami_put1m ucx_put1m ucx_perftest ">= 0.95"
   row "GET bandwidth 1 MiB [MiB/s]" ami_get1m ucx_get1m ucx_perftest ">= 0.95"
+  [[ -n ${SIZES// /} ]] || return 0
+  echo
+  echo "# latency by size [usec]: ami_send_lat t_typical, ucx_perftest ucp_am_lat 50%ile, fi_pingpong usec/xfer"
+  sweep_table "$OUT_DIR/shm_peers_lat.dat" lat_ami:ami_AM lat_ucx:UCX_AM lat_fi:libfabric_shm
+  echo
+  echo "# bandwidth by size [MiB/s]: ami_*_bw average, ucx_perftest overall"
+  sweep_table "$OUT_DIR/shm_peers_bw.dat" bw_ami:ami_AM bw_ucx:UCX_AM put_ami:ami_PUT put_ucx:UCX_PUT \
+    get_ami:ami_GET get_ucx:UCX_GET
+}
+
+main() {
+  ensure_packages
+  ensure_build
+  mkdir -p "$OUT_DIR"
+  rm -f "$OUT_DIR"/shm_peers_{lat,bw}.{dat,png}
+  report | tee "$OUT_DIR/shm_peers.txt"
+  [[ -n ${SIZES// /} ]] || return 0
+  bench/plot.sh -t "shared memory: latency, ami vs UCX (sm) and libfabric (shm)" -y "latency [usec]" \
+    "$OUT_DIR/shm_peers_lat.dat" "$OUT_DIR/shm_peers_lat.png" || true
+  bench/plot.sh --pairs -t "shared memory: bandwidth, ami vs UCX (sm)" -y "bandwidth [MiB/s]" \
+    "$OUT_DIR/shm_peers_bw.dat" "$OUT_DIR/shm_peers_bw.png" || true
 }
 
 main "$@"

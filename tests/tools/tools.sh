@@ -1,13 +1,16 @@
 #!/bin/bash
 # The perftest-like tools on this host: every tool on shm and on self with
-# --local, checked for a result row per size, plus the JSON report and the
+# --local, checked for a result row per size; perftest's default sizes and
+# -a sweep; the JSON report and its plot (bench/plot_json.sh); and the
 # refusals of bad command lines. (On verbs they run in tests/rxe/suite.sh.)
-# usage: tools.sh BUILD_DIR
+# usage: tools.sh BUILD_DIR [SOURCE_DIR]
 set -uo pipefail
-build=${1:?usage: tools.sh BUILD_DIR}
+build=${1:?usage: tools.sh BUILD_DIR [SOURCE_DIR]}
+source_dir=${2:-$(dirname "$0")/../..}
 failed=()
-json=$(mktemp)
-trap 'rm -f "$json"' EXIT
+scratch=$(mktemp -d)
+json=$scratch/report.json
+trap 'rm -rf "$scratch"' EXIT
 
 # run NAME EXPECT_ROWS ARGS...: the tool must succeed and print a row for
 # each size in EXPECT_ROWS.
@@ -46,6 +49,20 @@ for tool in ami_send_bw ami_write_bw ami_read_bw; do
   run "$tool" "2" --local -n 300 -s 2 -t 16 --report_gbits
   run "$tool" "1048576" --backend self -n 50 -s 1048576
 done
+# Without -s, perftest's sizes: 65536 bytes in bandwidth tests, 2 in latency tests.
+for tool in ami_send_bw ami_write_bw ami_read_bw; do run "$tool" "65536" --local -n 300; done
+for tool in ami_send_lat ami_write_lat ami_read_lat; do run "$tool" "2" --local -n 200; done
+# -a: perftest's sweep, 2 B..8 MiB in powers of two, nothing else.
+run ami_write_lat "2 8388608" --local -n 20 -a --out_json_file="$json"
+if python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))
+assert [x["bytes"] for x in r["results"]] == [2 ** k for k in range(1, 24)], r["results"]
+assert r["t_unit"] == "usec" and all(x["t_typical"] > 0 for x in r["results"])' "$json"; then
+  echo "ok: -a sizes"
+else
+  echo "FAIL: -a sizes"; cat "$json"; failed+=("-a sizes")
+fi
+
 run ami_write_bw "4096" --local -n 100 -s 4096 --out_json_file="$json"
 if python3 -c 'import json, sys
 r = json.load(open(sys.argv[1]))
@@ -54,6 +71,21 @@ assert r["results"][0]["bytes"] == 4096 and r["results"][0]["bw_average"] > 0' "
   echo "ok: JSON report"
 else
   echo "FAIL: JSON report"; cat "$json"; failed+=("JSON report")
+fi
+
+# One command plots a report (and several).
+if command -v gnuplot >/dev/null; then
+  run ami_read_bw "2 64" --local -n 100 -a --out_json_file="$scratch/get.json"
+  plot=$scratch/put.png
+  if out=$("$source_dir/bench/plot_json.sh" "$json" "$plot" 2>&1) && [[ $(head -c 8 "$plot" | od -An -tx1 | tr -d ' \n') == 89504e470d0a1a0a ]] &&
+     out=$("$source_dir/bench/plot_json.sh" "$json" "$scratch/get.json" "$scratch/both.png" 2>&1) &&
+     [[ -s $scratch/both.png ]]; then
+    echo "ok: bench/plot_json.sh draws the reports"
+  else
+    echo "FAIL: bench/plot_json.sh: $out"; failed+=("plot_json")
+  fi
+else
+  echo "skipped: bench/plot_json.sh (no gnuplot: apt-get install gnuplot-nox)"
 fi
 
 refuse ami_send_lat -s 0

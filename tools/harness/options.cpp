@@ -14,16 +14,24 @@ namespace ami::tools {
 
 namespace {
 
+// perftest's sizes: -a sweeps 2 B..2^23 B (8 MiB) in powers of two, and
+// without -s or -a the bandwidth tests move 65536 bytes (DEF_SIZE_BW) and
+// the latency tests 2 (DEF_SIZE_LAT).
+constexpr std::size_t kMinAllSize = 2;
 constexpr std::size_t kMaxSize = 8u << 20;
+constexpr std::size_t kDefaultSizeBw = 65536;
+constexpr std::size_t kDefaultSizeLat = 2;
 constexpr std::size_t kPerftestCqMod = 100;  // perftest's DEF_CQ_MOD
+
+std::size_t default_size(Test t) { return is_latency(t) ? kDefaultSizeLat : kDefaultSizeBw; }
 
 void usage(Test t) {
   std::printf(
       "usage: %s [options]            start a server\n"
       "       %s [options] <server>   start a client against it (same options)\n"
       "       %s [options] --local    run both sides on this host and print the result\n\n"
-      "  -s, --size=<bytes>       message size (default 2)\n"
-      "  -a, --all                every size 2 B..8 MiB (powers of two)\n"
+      "  -s, --size=<bytes>       message size (default %zu, as perftest's %s)\n"
+      "  -a, --all                every size 2 B..8 MiB (powers of two, as perftest's -a)\n"
       "  -n, --iters=<n>          iterations (default 1000 latency, 5000 bandwidth)\n"
       "  -t, --tx-depth=<n>       operations in flight in bandwidth tests (default 128);\n"
       "                           verbs: also the send queue depth (AMI_VERBS_SQ_DEPTH)\n"
@@ -49,7 +57,8 @@ void usage(Test t) {
       "  -l, --post_list=<n>      work requests per doorbell in a burst, 1 one each\n"
       "                           (AMI_VERBS_DOORBELL_BATCH; default 16)\n"
       "\nEvery AMI_* variable of ami_info --config applies too; options override them.\n",
-      tool_name(t), tool_name(t), tool_name(t));
+      tool_name(t), tool_name(t), tool_name(t), default_size(t),
+      is_latency(t) ? "ib_*_lat" : "ib_*_bw");
 }
 
 bool number(const char* text, std::size_t& out, std::size_t min, std::size_t max, const char* what) {
@@ -99,17 +108,19 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
   help = false;
   optind = 1;
   std::size_t v = 0;
-  bool backend_given = false, json = false, verbs_option = false;
+  bool backend_given = false, json = false, verbs_option = false, sizes_given = false;
   for (int c; (c = getopt_long(argc, argv, "s:an:t:p:hd:i:x:Rm:Q:I:l:", kLong, nullptr)) != -1;) {
     if (is_verbs_option(c)) verbs_option = true;
     switch (c) {
       case 's':
         if (!number(optarg, v, 1, kMaxSize, "--size")) return false;
         o.sizes = {v};
+        sizes_given = true;
         break;
       case 'a':
         o.sizes.clear();
-        for (std::size_t s = 2; s <= kMaxSize; s *= 2) o.sizes.push_back(s);
+        for (std::size_t s = kMinAllSize; s <= kMaxSize; s *= 2) o.sizes.push_back(s);
+        sizes_given = true;
         break;
       case 'n':
         if (!number(optarg, o.iterations, 1, 100000000, "--iters")) return false;
@@ -216,6 +227,7 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
   }
   if (json && o.out_json.empty()) o.out_json = "ami_out.json";
   if (o.backend == "self") o.local = true;  // a same-process peer is always local
+  if (!sizes_given) o.sizes = {default_size(test)};
   if (o.iterations == 0) o.iterations = is_latency(test) ? 1000 : 5000;
   // perftest's bandwidth tests signal one work request in 100 (at most one
   // per TX depth) unless told otherwise: so do these, side by side with

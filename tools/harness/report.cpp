@@ -9,6 +9,8 @@
 #include <numeric>
 #include <string_view>
 
+#include <nlohmann/json.hpp>
+
 namespace ami::tools {
 
 namespace {
@@ -108,38 +110,30 @@ void print_acks(const AckFigures& a) {
 
 namespace {
 
-std::string json_string(std::string_view text) {
-  std::string out = "\"";
-  for (char ch : text) {
-    if (ch == '"' || ch == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (static_cast<unsigned char>(ch) < 0x20) {
-      char esc[8];
-      std::snprintf(esc, sizeof esc, "\\u%04x", static_cast<unsigned>(ch));
-      out += esc;
-    } else {
-      out += ch;
-    }
-  }
-  return out + "\"";
-}
-
 std::string_view trim(std::string_view s) {
   while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
   while (!s.empty() && s.back() == ' ') s.remove_suffix(1);
   return s;
 }
 
+// JSON has no inf or nan: such a figure is null.
+nlohmann::ordered_json figure(double value) {
+  if (!std::isfinite(value)) return nullptr;
+  return value;
+}
+
 }  // namespace
 
 bool write_json(const Options& o, const std::string& backend_lines, const std::vector<Row>& rows,
                 const std::vector<std::pair<std::string, AckFigures>>& acks) {
-  std::string out = "{\n  \"test\": " + json_string(title(o.test)) + ",\n  \"tool\": " +
-                    json_string(tool_name(o.test)) + ",\n  \"backend\": " + json_string(o.backend) + ",\n";
+  // ordered_json keeps the members in the order written here, which is the
+  // order of perftest's banner and table.
+  nlohmann::ordered_json report;
+  report["test"] = title(o.test);
+  report["tool"] = tool_name(o.test);
+  report["backend"] = o.backend;
   // The banner's "name : value" lines become an object.
-  out += "  \"setup\": {";
-  const char* sep = "";
+  nlohmann::ordered_json setup = nlohmann::ordered_json::object();
   std::string_view lines = backend_lines;
   while (!lines.empty()) {
     const std::size_t end = lines.find('\n');
@@ -147,50 +141,41 @@ bool write_json(const Options& o, const std::string& backend_lines, const std::v
     lines = end == std::string_view::npos ? std::string_view{} : lines.substr(end + 1);
     const std::size_t colon = line.find(" : ");
     if (colon == std::string_view::npos) continue;
-    out += sep;
-    out += "\n    " + json_string(trim(line.substr(0, colon))) + ": " + json_string(trim(line.substr(colon + 3)));
-    sep = ",";
+    setup[std::string(trim(line.substr(0, colon)))] = std::string(trim(line.substr(colon + 3)));
   }
-  out += "\n  },\n";
-  if (is_latency(o.test)) out += "  \"t_unit\": \"usec\",\n";
-  else out += std::string("  \"bw_unit\": ") + (o.report_gbits ? "\"Gb/sec\"" : "\"MiB/sec\"") + ",\n";
-  out += "  \"results\": [";
-  sep = "";
+  report["setup"] = std::move(setup);
+  if (is_latency(o.test)) report["t_unit"] = "usec";
+  else report["bw_unit"] = o.report_gbits ? "Gb/sec" : "MiB/sec";
+  nlohmann::ordered_json results = nlohmann::ordered_json::array();
   for (const Row& r : rows) {
-    char field[96];
-    std::snprintf(field, sizeof field, "%s\n    {\"bytes\": %zu, \"iterations\": %zu", sep, r.bytes, r.iterations);
-    out += field;
-    for (const auto& [name, value] : r.values) {
-      if (std::isfinite(value)) std::snprintf(field, sizeof field, ", \"%s\": %.6g", name, value);
-      else std::snprintf(field, sizeof field, ", \"%s\": null", name);  // JSON has no inf or nan
-      out += field;
-    }
-    out += "}";
-    sep = ",";
+    nlohmann::ordered_json row;
+    row["bytes"] = r.bytes;
+    row["iterations"] = r.iterations;
+    for (const auto& [name, value] : r.values) row[name] = figure(value);
+    results.push_back(std::move(row));
   }
-  out += "\n  ]";
+  report["results"] = std::move(results);
   if (!acks.empty()) {
-    out += ",\n  \"acks\": {";
-    sep = "";
+    nlohmann::ordered_json sides = nlohmann::ordered_json::object();
     for (const auto& [side, a] : acks) {
-      char field[320];
-      char ratio[32] = "null";  // no message answered: no ratio
-      if (a.messages_acked > 0)
-        std::snprintf(ratio, sizeof ratio, "%.6g",
-                      static_cast<double>(a.acks_sent) / static_cast<double>(a.messages_acked));
-      std::snprintf(field, sizeof field,
-                    "%s\n    %s: {\"messages_acked\": %llu, \"acks_sent\": %llu, \"acks_per_message\": %s, "
-                    "\"remote_done_sent\": %llu, \"idle_threshold\": %llu, \"window\": %llu}",
-                    sep, json_string(side).c_str(), static_cast<unsigned long long>(a.messages_acked),
-                    static_cast<unsigned long long>(a.acks_sent), ratio,
-                    static_cast<unsigned long long>(a.remote_done_sent),
-                    static_cast<unsigned long long>(a.idle_threshold), static_cast<unsigned long long>(a.window));
-      out += field;
-      sep = ",";
+      nlohmann::ordered_json figures;
+      figures["messages_acked"] = a.messages_acked;
+      figures["acks_sent"] = a.acks_sent;
+      // no message answered: no ratio
+      figures["acks_per_message"] =
+          a.messages_acked > 0
+              ? figure(static_cast<double>(a.acks_sent) / static_cast<double>(a.messages_acked))
+              : nlohmann::ordered_json(nullptr);
+      figures["remote_done_sent"] = a.remote_done_sent;
+      figures["idle_threshold"] = a.idle_threshold;
+      figures["window"] = a.window;
+      sides[side] = std::move(figures);
     }
-    out += "\n  }";
+    report["acks"] = std::move(sides);
   }
-  out += "\n}\n";
+  // Strings from the banner are the library's own text; should one hold
+  // bytes that are not UTF-8, they are replaced rather than failing the run.
+  const std::string out = report.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
   std::FILE* f = std::fopen(o.out_json.c_str(), "w");
   bool ok = f != nullptr && std::fwrite(out.data(), 1, out.size(), f) == out.size();
   if (f != nullptr && std::fclose(f) != 0) ok = false;

@@ -42,7 +42,7 @@ struct AckFigures {
 // "# acks: M messages answered by A acks (R acks per message), idle threshold T, window W"
 void print_acks(const AckFigures& a);
 
-// Writes the banner facts and the rows as JSON to o.out_json, with the acks
+// Writes the banner facts and the rows as JSON (with nlohmann/json) to o.out_json, with the acks
 // each named side sent ("server", "client") when there are any; false
 // (after printing why) when the file cannot be written.
 bool write_json(const Options& o, const std::string& backend_lines, const std::vector<Row>& rows,
