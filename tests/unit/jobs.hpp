@@ -50,12 +50,17 @@ inline std::size_t open_fds() {
   return n;
 }
 
-// Forks one child per rank; each builds its Client and runs its script, and
-// exits 102 when the Client left a file descriptor open.
-inline std::vector<pid_t> spawn(std::uint32_t size, const Config& given, const std::vector<Script>& scripts) {
+// How rank r of a job bootstrapped at address builds its Client.
+using RankOptions = std::function<ClientOptions(std::uint32_t rank, const std::string& address)>;
+// What a rank whose Client threw exits with, given the error's text.
+using OnError = std::function<int(const std::string& what)>;
+
+// Forks one child per rank; each builds its Client and runs its script
+// (on_error when the Client throws: by default the text on stderr and 101),
+// and exits 102 when the Client left a file descriptor open.
+inline std::vector<pid_t> spawn_ranks(std::uint32_t size, const RankOptions& options,
+                                      const std::vector<Script>& scripts, const OnError& on_error = {}) {
   const std::string address = "127.0.0.1:" + std::to_string(test::free_port());
-  Config config = given;  // every job its own key, as a launcher gives it
-  if (config.origin("AMI_JOB_KEY") == "default") REQUIRE(config.set("AMI_JOB_KEY", make_job_key()).ok());
   std::vector<pid_t> pids;
   for (std::uint32_t r = 0; r < size; ++r) {
     const pid_t pid = fork();
@@ -71,11 +76,15 @@ inline std::vector<pid_t> spawn(std::uint32_t size, const Config& given, const s
       }
       const std::size_t fds = open_fds();
       try {
-        Client client(job(r, size, address, config));
+        Client client(options(r, address));
         rc = scripts[r](client);
       } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %u: %s\n", r, e.what());
-        rc = 101;
+        if (on_error) {
+          rc = on_error(e.what());
+        } else {
+          std::fprintf(stderr, "rank %u: %s\n", r, e.what());
+          rc = 101;
+        }
       }
       // The Client gave back every descriptor it opened (sockets, segments,
       // pidfds, RDMA device contexts), whatever happened to its peers.
@@ -90,6 +99,14 @@ inline std::vector<pid_t> spawn(std::uint32_t size, const Config& given, const s
     pids.push_back(pid);
   }
   return pids;
+}
+
+// The same for ranks of one configuration with one context each.
+inline std::vector<pid_t> spawn(std::uint32_t size, const Config& given, const std::vector<Script>& scripts) {
+  Config config = given;  // every job its own key, as a launcher gives it
+  if (config.origin("AMI_JOB_KEY") == "default") REQUIRE(config.set("AMI_JOB_KEY", make_job_key()).ok());
+  return spawn_ranks(size, [&](std::uint32_t r, const std::string& address) { return job(r, size, address, config); },
+                     scripts);
 }
 
 // Waits for every child; returns their exit codes (-signal when killed;

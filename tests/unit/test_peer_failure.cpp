@@ -457,33 +457,17 @@ TEST_CASE("kill -9 of a peer during a PUT stream, then a fence to it") {
 
 namespace {
 
-// A job of tasks with two contexts each (jobs.hpp's spawn makes one): each
-// rank a forked child running its script on its Client.
+// A job of tasks with two contexts each: each rank a forked child running
+// its script on its Client.
 std::vector<int> run_job_of_two_contexts(const Config& given, const std::vector<Script>& scripts) {
-  const std::string address = "127.0.0.1:" + std::to_string(test::free_port());
   Config config = given;
   REQUIRE(config.set("AMI_JOB_KEY", make_job_key()).ok());
   const auto size = static_cast<std::uint32_t>(scripts.size());
-  std::vector<pid_t> pids;
-  for (std::uint32_t r = 0; r < size; ++r) {
-    const pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      int rc = 100;
-      try {
-        Client client(ClientOptions{.name = "test", .contexts = 2,
-                                    .job = {.rank = r, .size = size, .bootstrap = address}, .config = config});
-        rc = scripts[r](client);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %u: %s\n", r, e.what());
-        rc = 101;
-      }
-      std::fflush(nullptr);
-      _exit(rc);
-    }
-    pids.push_back(pid);
-  }
-  return wait_all(pids, std::chrono::seconds(60));
+  auto options = [&](std::uint32_t r, const std::string& address) {
+    return ClientOptions{.name = "test", .contexts = 2,
+                         .job = {.rank = r, .size = size, .bootstrap = address}, .config = config};
+  };
+  return wait_all(spawn_ranks(size, options, scripts), std::chrono::seconds(60));
 }
 
 // Rank 1 of the two-context job: its context 0 says hello to rank 0's

@@ -3,9 +3,6 @@
 // pair agrees, and a job that is not whole fails at creation on every task
 // with an error naming the pair.
 #include <doctest/doctest.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -32,29 +29,13 @@ std::string error_of(const std::vector<bootstrap::Blob>& reports, bool symmetric
 // runs script (or, if its Client throws, error) and exits with its code.
 std::vector<int> two_ranks(const Config& c0, const Config& c1, const test::Script& script,
                            int (*error)(const std::string&)) {
-  const std::string address = "127.0.0.1:" + std::to_string(test::free_port());
   const std::string key = make_job_key();
-  std::vector<pid_t> pids;
-  for (std::uint32_t r = 0; r < 2; ++r) {
-    const pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      Config c = r == 0 ? c0 : c1;
-      int rc = 100;
-      if (c.set("AMI_JOB_KEY", key).ok()) {
-        try {
-          Client client(test::job(r, 2, address, c));
-          rc = script(client);
-        } catch (const Error& e) {
-          rc = error(e.what());
-        }
-      }
-      std::fflush(nullptr);
-      _exit(rc);
-    }
-    pids.push_back(pid);
-  }
-  return test::wait_all(pids, std::chrono::seconds(60));
+  auto options = [&](std::uint32_t r, const std::string& address) {
+    Config c = r == 0 ? c0 : c1;
+    REQUIRE(c.set("AMI_JOB_KEY", key).ok());
+    return test::job(r, 2, address, c);
+  };
+  return test::wait_all(test::spawn_ranks(2, options, {script, script}, error), std::chrono::seconds(60));
 }
 
 }  // namespace
