@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <bit>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <mutex>
 #include <optional>
@@ -90,6 +91,23 @@ verbs::VerbsOptions verbs_options(const Config& c) {
   v.timeout = static_cast<std::uint8_t>(c.number("AMI_VERBS_TIMEOUT"));
   v.retry_count = static_cast<std::uint8_t>(c.number("AMI_VERBS_RETRY_COUNT"));
   return v;
+}
+
+// The address blob's backend entries (address_blob.hpp).
+constexpr std::uint16_t kShmEntry = 1;
+constexpr std::uint16_t kVerbsEntry = 2;
+
+// The shm entry: the segment's descriptor in the owner's process.
+std::vector<std::byte> shm_entry(std::int32_t fd) {
+  std::vector<std::byte> bytes(sizeof fd);
+  std::memcpy(bytes.data(), &fd, sizeof fd);
+  return bytes;
+}
+
+bool shm_entry_fd(const std::vector<std::byte>& bytes, std::int32_t& fd) {
+  if (bytes.size() != sizeof fd) return false;
+  std::memcpy(&fd, bytes.data(), sizeof fd);
+  return fd >= 0;
 }
 
 std::string hostname() {
@@ -171,9 +189,8 @@ void Client::Impl::open_verbs(std::uint16_t contexts) {
 // Both tasks decide alike whether verbs joins them: both offer it and shm
 // does not (both offering shm on one host).
 bool Client::Impl::verbs_between(const AddressBlob& a, const AddressBlob& b) {
-  if (!(a.backends & AddressBlob::kVerbs) || !(b.backends & AddressBlob::kVerbs)) return false;
-  const bool shm = (a.backends & AddressBlob::kShm) && (b.backends & AddressBlob::kShm) &&
-                   !a.boot_id.empty() && a.boot_id == b.boot_id;
+  if (!a.entry(kVerbsEntry) || !b.entry(kVerbsEntry)) return false;
+  const bool shm = a.entry(kShmEntry) && b.entry(kShmEntry) && !a.boot_id.empty() && a.boot_id == b.boot_id;
   return !shm;
 }
 
@@ -182,13 +199,10 @@ bool Client::Impl::verbs_between(const AddressBlob& a, const AddressBlob& b) {
 // pairs to the peers it reaches by verbs.
 void Client::Impl::exchange_addresses(std::uint16_t n) {
   AddressBlob mine{.job = random_job_id(), .task = task, .contexts = n,
-                   .backends = 0, .pid = static_cast<std::uint32_t>(::getpid()),
-                   .shm_fd = shm.segment_fd(), .boot_id = read_boot_id(), .hostname = hostname()};
-  if (backends.shm) mine.backends |= AddressBlob::kShm;
-  if (verbs) {
-    mine.backends |= AddressBlob::kVerbs;
-    mine.verbs = verbs->local_address();
-  }
+                   .pid = static_cast<std::uint32_t>(::getpid()), .boot_id = read_boot_id(),
+                   .hostname = hostname()};
+  if (backends.shm) mine.entries.push_back({kShmEntry, shm_entry(shm.segment_fd())});
+  if (verbs) mine.entries.push_back({kVerbsEntry, verbs->local_address()});
   if (size == 1) {
     job = mine.job;
     regions.set_job(job);
@@ -213,7 +227,7 @@ void Client::Impl::exchange_addresses(std::uint16_t n) {
   // In increasing task order on every task, as rdma_cm wants.
   for (std::uint32_t t = 0; t < table.size(); ++t) {
     if (t == task || !verbs_between(mine, table[t])) continue;
-    Status s = verbs->connect(t, table[t].verbs);
+    Status s = verbs->connect(t, *table[t].entry(kVerbsEntry));
     if (!s.ok())
       throw Error("Client: cannot connect to task " + std::to_string(t) + " (" + table[t].hostname +
                   ") by verbs: " + to_string(s));
@@ -240,20 +254,23 @@ std::string Client::Impl::attach_peer(const AddressBlob& mine, const AddressBlob
   const std::string me = "task " + std::to_string(task), who = "task " + std::to_string(peer.task);
   if (mine.boot_id.empty() || peer.boot_id != mine.boot_id) {
     if (verbs_between(mine, peer)) return "its verbs connection failed";  // cleared once connected
-    if (!(mine.backends & AddressBlob::kVerbs))
+    if (!mine.entry(kVerbsEntry))
       return "it is on another host and verbs is not in use at " + me +
              (verbs_absent.empty() ? std::string() : " (" + verbs_absent + ")");
     return "it is on another host and does not use verbs";
   }
-  if (!(mine.backends & AddressBlob::kShm)) {
+  if (!mine.entry(kShmEntry)) {
     if (verbs_between(mine, peer)) return "its verbs connection failed";
     return "AMI_BACKENDS at " + me + " leaves out shm, and verbs does not join the two";
   }
-  if (!(peer.backends & AddressBlob::kShm)) {
+  if (!peer.entry(kShmEntry)) {
     if (verbs_between(mine, peer)) return "its verbs connection failed";
     return "AMI_BACKENDS at " + who + " leaves out shm, and verbs does not join the two";
   }
-  Status s = shm.attach({peer.task, peer.pid, peer.shm_fd, peer.contexts});
+  std::int32_t fd = -1;
+  if (!shm_entry_fd(*peer.entry(kShmEntry), fd) || peer.pid == 0)
+    return "its shared-memory segment cannot be used: its address names no segment";
+  Status s = shm.attach({peer.task, peer.pid, fd, peer.contexts});
   if (!s.ok()) return "its shared-memory segment cannot be used: " + to_string(s);
   ++shm_peers;
   return {};
