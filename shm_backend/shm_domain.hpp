@@ -3,7 +3,8 @@
 // host, the region table remote accesses are checked against, and whether
 // PUT/GET use CMA (process_vm_writev/readv) or the copy through the rings.
 //
-// Owned by the Client; built before the contexts and destroyed after them.
+// Owned by the task's shm backend (shm_backend.cpp); built before the
+// contexts and destroyed after them.
 // attach() is called during setup only; the data path reads.
 #pragma once
 

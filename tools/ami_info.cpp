@@ -1,7 +1,6 @@
 // ami_info — what this build of ami offers on this machine, and its
 // configuration (-c): every AMI_* variable with its default, current value
 // and documentation.
-#include <infiniband/verbs.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -34,15 +33,16 @@ void print_config() {
   }
 }
 
-void print_devices() {
-  int n = 0;
-  ibv_device** list = ibv_get_device_list(&n);
-  if (list == nullptr || n == 0) {
-    std::printf("# verbs devices: none found\n");
-  } else {
-    for (int i = 0; i < n; ++i) std::printf("# verbs device: %s\n", ibv_get_device_name(list[i]));
+// Each line of text as a comment, with an optional word before it.
+void print_lines(const std::string& lines, bool backend_lines) {
+  for (std::size_t start = 0, end; start < lines.size(); start = end + 1) {
+    end = lines.find('\n', start);
+    const std::string line = lines.substr(start, end - start);
+    // The fence and acks lines say how those work across the backends; the rest are backends.
+    const bool protocol = line.starts_with("fence: ") || line.starts_with("acks: ");
+    std::printf(backend_lines && !protocol ? "# backend %s\n" : "# %s\n", line.c_str());
+    if (end == std::string::npos) break;
   }
-  if (list != nullptr) ibv_free_device_list(list);
 }
 
 int usage(const char* argv0) {
@@ -69,21 +69,13 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::printf("# ami %s\n", AMI_VERSION);
-  print_devices();
+  print_lines(ami::describe_hardware(), false);
   try {
     ami::Client client(ami::ClientOptions{.name = "ami_info", .contexts = 1});
     const std::string_view bootstrap = client.bootstrap_name();
     std::printf("# task %u of %u, %u context(s), bootstrap %.*s\n", client.task(), client.size(),
                 client.context_count(), static_cast<int>(bootstrap.size()), bootstrap.data());
-    const std::string lines = client.describe_backends();
-    for (std::size_t start = 0, end; start < lines.size(); start = end + 1) {
-      end = lines.find('\n', start);
-      const std::string line = lines.substr(start, end - start);
-      // The fence and acks lines say how those work across the backends; the rest are backends.
-      const bool protocol = line.starts_with("fence: ") || line.starts_with("acks: ");
-      std::printf(protocol ? "# %s\n" : "# backend %s\n", line.c_str());
-      if (end == std::string::npos) break;
-    }
+    print_lines(client.describe_backends(), true);
   } catch (const ami::Error& e) {
     std::fprintf(stderr, "ami_info: %s\n", e.what());
     return 1;

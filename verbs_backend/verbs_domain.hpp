@@ -4,11 +4,11 @@
 // connected to the peers' (by exchanging addresses through the bootstrap, or
 // by rdma_cm).
 //
-// Owned by the Client, one per task, built before the contexts and destroyed
-// after them. The queue pairs of all (context, peer task, peer context)
-// triples are made by the constructor, because their numbers are published
-// (local_address()) before any context exists; each context's VerbsDevice
-// then drives its own ContextQueues. Control-path calls (constructor,
+// Owned by the task's verbs backend (verbs_backend.cpp), built before the
+// contexts and destroyed after them. The queue pairs of all (context, peer
+// task, peer context) triples are made by the constructor, because their
+// numbers are published (local_address()) before any context exists; each
+// context's VerbsDevice then drives its own ContextQueues. Control-path calls (constructor,
 // local_address, connect, register/deregister) are serialised by the Client.
 //
 // With the address exchange, connect() only moves this task's QPs to RTS: a

@@ -2,9 +2,9 @@
 // process, reached by memcpy through the same device contract as every other
 // backend (injection FIFO, transfer counter, reception queue, remote keys).
 //
-// SelfDomain is owned by the Client and holds one reception queue per
-// context; each context owns a SelfDevice with one SelfLane per target
-// context. The device does its work in progress(), not when a descriptor is
+// SelfDomain is owned by the task's self backend (self_backend.cpp) and
+// holds one reception queue per context; each context owns a SelfDevice
+// with one SelfLane per target context. The device does its work in progress(), not when a descriptor is
 // posted, so completion goes through the transfer counter exactly as on a NIC.
 // A full target queue stalls that lane until the target drains it.
 #pragma once

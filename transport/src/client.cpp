@@ -1,5 +1,5 @@
 // client.cpp — a job's view from one task: configuration, bootstrap,
-// registrations, the backends' shared state and the contexts.
+// registrations, the backends (through backend_set.hpp) and the contexts.
 #include "ami/client.hpp"
 
 #include <sys/mman.h>
@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
-#include <bit>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -19,6 +18,7 @@
 #include <random>
 
 #include "address_blob.hpp"
+#include "backend_set.hpp"
 #include "ami/device/region_table.hpp"
 #include "ami/error.hpp"
 #include "bootstrap.hpp"
@@ -27,7 +27,6 @@
 #include "reachability.hpp"
 #include "context_impl.hpp"
 #include "fork_guard.hpp"
-#include "verbs_backend/verbs_domain.hpp"
 
 namespace ami {
 
@@ -42,74 +41,6 @@ std::uint32_t u32(const Config& c, ParamName name) {
   return static_cast<std::uint32_t>(c.number(name));
 }
 
-// Which of shm and verbs AMI_BACKENDS allows (self always serves the own task).
-struct BackendChoice {
-  bool shm = false;
-  bool verbs = false;
-  bool verbs_required = false;  // asked for explicitly: failing to open it is an error
-};
-
-BackendChoice choose_backends(const Config& c) {
-  BackendChoice b;
-  const std::string& list = c.text("AMI_BACKENDS");
-  std::size_t start = 0;
-  while (start <= list.size()) {
-    std::size_t end = list.find(',', start);
-    if (end == std::string::npos) end = list.size();
-    const std::string name = list.substr(start, end - start);
-    if (name == "shm") {
-      b.shm = true;
-    } else if (name == "verbs") {
-      b.verbs = true;
-    } else if (name != "self" && !name.empty()) {
-      throw Error("Client: AMI_BACKENDS names '" + name + "'; the backends are self, shm and verbs");
-    }
-    start = end + 1;
-  }
-  b.verbs_required = b.verbs && c.origin("AMI_BACKENDS") != "default";
-  return b;
-}
-
-// The table checked every value (ranges, "auto"); only the types change here.
-verbs::VerbsOptions verbs_options(const Config& c) {
-  verbs::VerbsOptions v;
-  v.net_devices = c.text("AMI_NET_DEVICES");
-  if (auto gid = c.number_or_auto("AMI_VERBS_GID_INDEX")) v.gid_index = static_cast<int>(*gid);
-  if (auto cm = c.number_or_auto("AMI_VERBS_CM")) v.use_rdma_cm = *cm != 0;
-  // IBV_MTU_256 is 1, and each enumerator doubles the bytes: 256 = 2^8.
-  if (auto mtu = c.number_or_auto("AMI_VERBS_MTU"))
-    v.mtu_cap = static_cast<ibv_mtu>(std::countr_zero(*mtu) - 7);
-  v.sq_depth = std::max(u32(c, "AMI_VERBS_SQ_DEPTH"), u32(c, "AMI_FIFO_DEPTH") + 1);
-  if (auto depth = c.number_or_auto("AMI_VERBS_SRQ_DEPTH")) v.srq_depth = static_cast<std::uint32_t>(*depth);
-  v.signal_interval = u32(c, "AMI_VERBS_SIGNAL_INTERVAL");
-  v.doorbell_batch = u32(c, "AMI_VERBS_DOORBELL_BATCH");
-  if (auto max_rdma = c.number_or_auto("AMI_VERBS_MAX_RDMA")) v.max_rdma = *max_rdma;
-  if (auto bounce = c.number_or_auto("AMI_VERBS_BOUNCE_SIZE")) v.bounce_bytes = static_cast<std::uint32_t>(*bounce);
-  if (auto inline_bytes = c.number_or_auto("AMI_VERBS_MAX_INLINE"))
-    v.max_inline = static_cast<std::uint32_t>(*inline_bytes);
-  v.immediate = c.number("AMI_VERBS_IMMEDIATE") != 0;
-  v.timeout = static_cast<std::uint8_t>(c.number("AMI_VERBS_TIMEOUT"));
-  v.retry_count = static_cast<std::uint8_t>(c.number("AMI_VERBS_RETRY_COUNT"));
-  return v;
-}
-
-// The address blob's backend entries (address_blob.hpp).
-constexpr std::uint16_t kShmEntry = 1;
-constexpr std::uint16_t kVerbsEntry = 2;
-
-// The shm entry: the segment's descriptor in the owner's process.
-std::vector<std::byte> shm_entry(std::int32_t fd) {
-  std::vector<std::byte> bytes(sizeof fd);
-  std::memcpy(bytes.data(), &fd, sizeof fd);
-  return bytes;
-}
-
-bool shm_entry_fd(const std::vector<std::byte>& bytes, std::int32_t& fd) {
-  if (bytes.size() != sizeof fd) return false;
-  std::memcpy(&fd, bytes.data(), sizeof fd);
-  return fd >= 0;
-}
-
 std::string hostname() {
   char name[256] = {};
   ::gethostname(name, sizeof name - 1);
@@ -121,22 +52,15 @@ std::string hostname() {
 struct Client::Impl {
   explicit Impl(ClientOptions& o, std::unique_ptr<bootstrap::Bootstrap> b)
       : boot(std::move(b)), name(std::move(o.name)), config(std::move(o.config)), task(boot->rank()),
-        size(boot->size()),
-        regions(0, task, u32(config, "AMI_MAX_REGIONS")),
-        shm(task, size, o.contexts,
-            shm::DomainOptions{u32(config, "AMI_SHM_RING_DEPTH"), u32(config, "AMI_SHM_CELL_SIZE"),
-                               config.flag("AMI_SHM_CMA"), u32(config, "AMI_SHM_STALL_TIMEOUT")},
-            regions),
-        self(task, o.contexts, u32(config, "AMI_SELF_QUEUE_DEPTH"), u32(config, "AMI_SELF_CELL_SIZE"),
-             regions),
-        backends(choose_backends(config)) {
-    if (backends.verbs) open_verbs(o.contexts);
+        size(boot->size()), regions(0, task, u32(config, "AMI_MAX_REGIONS")),
+        backends(device::BackendSetup{task, size, o.contexts, config, regions}) {
+    regions.on_remove([this](std::uint32_t region) {
+      std::lock_guard lock(registration_mutex);
+      backends.deregister_region(region);
+    });
   }
 
-  void open_verbs(std::uint16_t contexts);
   void exchange_addresses(std::uint16_t contexts);
-  std::string attach_peer(const AddressBlob& mine, const AddressBlob& peer);
-  static bool verbs_between(const AddressBlob& a, const AddressBlob& b);
   Status register_region(RemoteKey& key, void* address, std::size_t length, std::uint32_t& lkey);
   std::unique_ptr<detail::RegistrationCache> make_cache();
 
@@ -152,57 +76,18 @@ struct Client::Impl {
   std::uint64_t job = 0;
   std::mutex registration_mutex;
   device::RegionTable regions;
-  shm::ShmDomain shm;
-  self::SelfDomain self;
-  BackendChoice backends;
-  std::string verbs_absent;  // why there is no verbs domain
-  std::unique_ptr<verbs::VerbsDomain> verbs;  // after the regions: its MRs go first
-  std::uint32_t shm_peers = 0;
-  std::uint32_t verbs_peers = 0;
+  detail::BackendSet backends;  // after the regions: their registrations go first
   std::unique_ptr<detail::ConnectionWatch> connections;  // the bootstrap's, if it keeps any
   std::vector<std::unique_ptr<Context>> contexts;  // last: destroyed first
 };
 
-// The verbs domain when there is an RDMA port. Without one (or when it
-// cannot be set up) the job goes on without verbs, unless AMI_BACKENDS asked
-// for it by name.
-void Client::Impl::open_verbs(std::uint16_t contexts) {
-  const verbs::VerbsOptions options = verbs_options(config);
-  if (!verbs::VerbsDomain::available(&verbs_absent, options.net_devices)) {
-    if (backends.verbs_required) throw Error("Client: AMI_BACKENDS asks for verbs, but " + verbs_absent);
-    return;
-  }
-  try {
-    verbs = std::make_unique<verbs::VerbsDomain>(task, size, contexts, options, regions);
-  } catch (const Error& e) {
-    if (backends.verbs_required) throw;
-    verbs_absent = e.what();
-    std::fprintf(stderr, "ami: warning: going on without verbs: %s\n", e.what());
-    return;
-  }
-  regions.on_remove([this](std::uint32_t region) {
-    std::lock_guard lock(registration_mutex);
-    verbs->deregister_region(region);
-  });
-}
-
-// Both tasks decide alike whether verbs joins them: both offer it and shm
-// does not (both offering shm on one host).
-bool Client::Impl::verbs_between(const AddressBlob& a, const AddressBlob& b) {
-  if (!a.entry(kVerbsEntry) || !b.entry(kVerbsEntry)) return false;
-  const bool shm = a.entry(kShmEntry) && b.entry(kShmEntry) && !a.boot_id.empty() && a.boot_id == b.boot_id;
-  return !shm;
-}
-
 // Every task learns every other task's address, agrees on the job id (rank
-// 0's), maps the segments of the peers on its host and connects its queue
-// pairs to the peers it reaches by verbs.
+// 0's), and joins each peer through the first backend that joins the two.
 void Client::Impl::exchange_addresses(std::uint16_t n) {
   AddressBlob mine{.job = random_job_id(), .task = task, .contexts = n,
                    .pid = static_cast<std::uint32_t>(::getpid()), .boot_id = read_boot_id(),
                    .hostname = hostname()};
-  if (backends.shm) mine.entries.push_back({kShmEntry, shm_entry(shm.segment_fd())});
-  if (verbs) mine.entries.push_back({kVerbsEntry, verbs->local_address()});
+  backends.publish(mine);
   if (size == 1) {
     job = mine.job;
     regions.set_job(job);
@@ -221,21 +106,9 @@ void Client::Impl::exchange_addresses(std::uint16_t n) {
   }
   job = table[0].job;
   regions.set_job(job);
-  std::vector<std::string> unreachable(table.size());
-  for (std::uint32_t t = 0; t < table.size(); ++t)
-    if (t != task) unreachable[t] = attach_peer(mine, table[t]);
-  // In increasing task order on every task, as rdma_cm wants.
-  for (std::uint32_t t = 0; t < table.size(); ++t) {
-    if (t == task || !verbs_between(mine, table[t])) continue;
-    Status s = verbs->connect(t, *table[t].entry(kVerbsEntry));
-    if (!s.ok())
-      throw Error("Client: cannot connect to task " + std::to_string(t) + " (" + table[t].hostname +
-                  ") by verbs: " + to_string(s));
-    ++verbs_peers;
-    unreachable[t].clear();
-  }
-  // Every task has mapped and connected what it will; all learn which
-  // pairs are not joined, and fail alike if the job is not whole.
+  const std::vector<std::string> unreachable = backends.join(mine, table);
+  // Every task has joined what it will; all learn which pairs are not
+  // joined, and fail alike if the job is not whole.
   std::vector<detail::Unreachable> mine_missing;
   for (std::uint32_t t = 0; t < table.size(); ++t)
     if (!unreachable[t].empty()) mine_missing.push_back({t, unreachable[t]});
@@ -247,38 +120,10 @@ void Client::Impl::exchange_addresses(std::uint16_t n) {
     connections = std::make_unique<detail::ConnectionWatch>(std::move(sockets), task, size);
 }
 
-// Maps the peer's segment when shm joins the two; returns why nothing here
-// reaches the peer yet ("" when shm does; verbs may still, see above).
-std::string Client::Impl::attach_peer(const AddressBlob& mine, const AddressBlob& peer) {
-  // Said the same way on every task, which all print the first such reason.
-  const std::string me = "task " + std::to_string(task), who = "task " + std::to_string(peer.task);
-  if (mine.boot_id.empty() || peer.boot_id != mine.boot_id) {
-    if (verbs_between(mine, peer)) return "its verbs connection failed";  // cleared once connected
-    if (!mine.entry(kVerbsEntry))
-      return "it is on another host and verbs is not in use at " + me +
-             (verbs_absent.empty() ? std::string() : " (" + verbs_absent + ")");
-    return "it is on another host and does not use verbs";
-  }
-  if (!mine.entry(kShmEntry)) {
-    if (verbs_between(mine, peer)) return "its verbs connection failed";
-    return "AMI_BACKENDS at " + me + " leaves out shm, and verbs does not join the two";
-  }
-  if (!peer.entry(kShmEntry)) {
-    if (verbs_between(mine, peer)) return "its verbs connection failed";
-    return "AMI_BACKENDS at " + who + " leaves out shm, and verbs does not join the two";
-  }
-  std::int32_t fd = -1;
-  if (!shm_entry_fd(*peer.entry(kShmEntry), fd) || peer.pid == 0)
-    return "its shared-memory segment cannot be used: its address names no segment";
-  Status s = shm.attach({peer.task, peer.pid, fd, peer.contexts});
-  if (!s.ok()) return "its shared-memory segment cannot be used: " + to_string(s);
-  ++shm_peers;
-  return {};
-}
-
 Client::Client(ClientOptions options) {
-  if (options.contexts == 0 || options.contexts > shm::kMaxContexts)
-    throw Error("Client: contexts must be 1.." + std::to_string(shm::kMaxContexts));
+  const std::uint16_t most = detail::BackendSet::max_contexts(options.config);
+  if (options.contexts == 0 || options.contexts > most)
+    throw Error("Client: contexts must be 1.." + std::to_string(most));
   const std::uint16_t n = options.contexts;
   auto boot = bootstrap::open_job(options.job, options.config);
   // Before anything is allocated: settings that would take more memory than
@@ -298,18 +143,18 @@ Client::Client(ClientOptions options) {
   const auto fifo_depth = u32(c, "AMI_FIFO_DEPTH");
   for (std::uint16_t i = 0; i < n; ++i)
     impl_->contexts.push_back(std::unique_ptr<Context>(new Context(std::make_unique<detail::ContextImpl>(
-        *this, i, impl_->self, impl_->shm, impl_->verbs.get(), fifo_depth, shape, impl_->shm_peers > 0,
-        impl_->verbs_peers > 0, impl_->make_cache(), impl_->connections.get()))));
+        *this, i, impl_->backends, fifo_depth, shape, impl_->make_cache(), impl_->connections.get()))));
 }
 
 // A context's registration cache, registering through the client. Idle
-// registrations are kept only where keeping them pins nothing (no verbs),
+// registrations are kept only where keeping them pins nothing (no backend
+// in use pins them),
 // unless AMI_RCACHE_IDLE says otherwise.
 std::unique_ptr<detail::RegistrationCache> Client::Impl::make_cache() {
   detail::RegistrationCache::Limits limits;
   limits.max_entries = u32(config, "AMI_RCACHE_MAX_ENTRIES");
   limits.max_bytes = config.number("AMI_RCACHE_MAX_MB") << 20;
-  limits.idle = static_cast<std::uint32_t>(config.number_or_auto("AMI_RCACHE_IDLE").value_or(verbs ? 0 : 64));
+  limits.idle = static_cast<std::uint32_t>(config.number_or_auto("AMI_RCACHE_IDLE").value_or(backends.pins_registrations() ? 0 : 64));
   auto reg = [this](void* address, std::size_t length, RemoteKey& key, std::uint32_t& lkey) {
     return register_region(key, address, length, lkey);
   };
@@ -363,6 +208,12 @@ std::string make_job_key() {
   return key;
 }
 
+std::string describe_hardware() {
+  std::string out;
+  for (const detail::RegisteredBackend& b : detail::registered_backends()) out += b.info.inventory();
+  return out;
+}
+
 const std::string& Client::name() const { return impl_->name; }
 std::uint32_t Client::task() const { return impl_->task; }
 std::uint32_t Client::size() const { return impl_->size; }
@@ -374,15 +225,7 @@ const Config& Client::config() const { return impl_->config; }
 
 std::string Client::describe_backends() const {
   const Config& c = impl_->config;
-  std::string out = "self: memcpy, queue " + c.text("AMI_SELF_QUEUE_DEPTH") + " x " +
-                    c.text("AMI_SELF_CELL_SIZE") + " B\n";
-  out += "shm: " + std::to_string(impl_->shm_peers) + " peer task(s) on this host, ring " +
-         c.text("AMI_SHM_RING_DEPTH") + " x " + c.text("AMI_SHM_CELL_SIZE") + " B, PUT/GET by " +
-         std::string(impl_->shm.rdma_mode()) + "\n";
-  if (impl_->verbs)
-    out += impl_->verbs->describe() + ", " + std::to_string(impl_->verbs_peers) + " peer task(s)\n";
-  else if (impl_->backends.verbs)
-    out += "verbs: not in use: " + impl_->verbs_absent + "\n";
+  std::string out = impl_->backends.describe();
   // Every lane above is one ring or one RC queue pair: it delivers in order.
   out += "fence: a message behind the earlier operations (every lane delivers in order; a lane that "
          "may reorder would be flushed instead)\n";
@@ -392,16 +235,20 @@ std::string Client::describe_backends() const {
   return out;
 }
 
-// A slot in the region table, and the verbs registration when there is one.
+// A slot in the region table, and each backend's registration of it.
 Status Client::Impl::register_region(RemoteKey& key, void* address, std::size_t length, std::uint32_t& lkey) {
   std::unique_lock lock(registration_mutex);
   Status s = regions.add(address, length, key);
-  if (!s.ok() || !verbs) return s;
-  s = verbs->register_region(key.region, address, length, lkey, key.backend_key);
+  if (!s.ok()) return s;
+  device::RegionKeys keys;
+  s = backends.register_region(key.region, address, length, keys);
   if (!s.ok()) {
     lock.unlock();  // remove() takes it again through the hook
     regions.remove(key.region);
+    return s;
   }
+  key.backend_key = keys.backend_key;
+  lkey = keys.local_key;
   return s;
 }
 

@@ -159,9 +159,9 @@ AckPeerStats Context::ack_stats(Endpoint dest) const { return impl_ ? impl_->eng
 
 std::string Context::describe_lane(Endpoint dest) {
   if (!impl_ || in_forked_child(fork_generation_)) return {};
-  const std::string_view backend = backend_for(dest);
-  if (backend == "verbs") return impl_->verbs_domain->describe_lane(impl_->index, dest);
-  return " Lane            : " + (backend.empty() ? std::string("unreachable") : std::string(backend)) + "\n";
+  const device::Backend* backend = impl_->backends.find(backend_for(dest));
+  if (backend == nullptr) return " Lane            : unreachable\n";
+  return backend->describe_lane(impl_->index, dest);
 }
 
 namespace {

@@ -1,5 +1,5 @@
 // context_impl.hpp — what a Context is made of: its devices (one per
-// backend that serves it) and the protocol engine over them. Internal.
+// backend that reaches some task) and the protocol engine over them. Internal.
 #pragma once
 
 #include <cstdint>
@@ -8,32 +8,33 @@
 #include <vector>
 
 #include "ami/context.hpp"
+#include "ami/device/device.hpp"
+#include "backend_set.hpp"
 #include "connection_watch.hpp"
 #include "protocol/eager/am_engine.hpp"
 #include "registration_cache.hpp"
-#include "shm_backend/shm_device.hpp"
-#include "transport/self/self_device.hpp"
-#include "verbs_backend/verbs_device.hpp"
 
 namespace ami::detail {
 
 struct ContextImpl {
-  // verbs_domain: null when the task has no verbs backend. A backend that
-  // reaches no peer task (use_shm, use_verbs false) is not advanced at all:
+  // One device from each backend in use, in the registry's order (the
+  // engine's priority order). A backend that reaches no task gets none:
   // its progress would only ever find nothing.
-  ContextImpl(Client& client, std::uint16_t index, self::SelfDomain& self_domain,
-              shm::ShmDomain& shm_domain, verbs::VerbsDomain* verbs_domain, std::uint32_t fifo_depth,
-              protocol::AmEngine::Shape shape, bool use_shm, bool use_verbs,
-              std::unique_ptr<RegistrationCache> cache, ConnectionWatch* connections)
-      : client(client), index(index), connections(connections), self_device(self_domain, index, fifo_depth),
-        shm_device(shm_domain, index, fifo_depth), verbs_domain(verbs_domain),
-        verbs_device(verbs_domain ? std::make_unique<verbs::VerbsDevice>(*verbs_domain, index, fifo_depth)
-                                  : nullptr),
-        cache(std::move(cache)), engine(shape, stats) {
+  ContextImpl(Client& client, std::uint16_t index, const BackendSet& backends, std::uint32_t fifo_depth,
+              protocol::AmEngine::Shape shape, std::unique_ptr<RegistrationCache> cache,
+              ConnectionWatch* connections)
+      : client(client), index(index), connections(connections), backends(backends),
+        devices(make_devices(backends, index, fifo_depth)), cache(std::move(cache)), engine(shape, stats) {
     engine.set_registrar(this->cache.get());
-    engine.add_device(self_device);  // priority order: self, shm, verbs
-    if (use_shm) engine.add_device(shm_device);
-    if (verbs_device && use_verbs) engine.add_device(*verbs_device);
+    for (const auto& d : devices) engine.add_device(*d);
+  }
+
+  static std::vector<std::unique_ptr<device::Device>> make_devices(const BackendSet& backends,
+                                                                   std::uint16_t index, std::uint32_t fifo_depth) {
+    std::vector<std::unique_ptr<device::Device>> out;
+    for (device::Backend* b : backends.in_use())
+      if (b->tasks_reached() > 0) out.push_back(b->make_device(index, fifo_depth));
+    return out;
   }
 
   // After each advance: a task whose bootstrap connection hung up fails
@@ -59,11 +60,9 @@ struct ContextImpl {
   std::uint32_t checks = 0;
   ContextStats stats;
   std::mutex mutex;
+  const BackendSet& backends;  // the client's: outlives every context
   // Devices before the engine: the engine holds their lanes and goes first.
-  self::SelfDevice self_device;
-  shm::ShmDevice shm_device;
-  verbs::VerbsDomain* verbs_domain;
-  std::unique_ptr<verbs::VerbsDevice> verbs_device;
+  std::vector<std::unique_ptr<device::Device>> devices;
   // Registrations the engine makes for rendezvous buffers; released by the
   // engine before it goes, deregistered (if idle) before the devices go.
   std::unique_ptr<RegistrationCache> cache;

@@ -51,6 +51,11 @@ struct JobOptions {
 // every rank as AMI_JOB_KEY.
 std::string make_job_key();
 
+// What each backend of this build finds on this host without a Client, one
+// line each ("verbs device: mlx5_0"): for ami_info, which prints it before
+// it makes one.
+std::string describe_hardware();
+
 struct ClientOptions {
   std::string name = "ami";
   std::uint16_t contexts = 1;

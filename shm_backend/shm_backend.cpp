@@ -1,0 +1,92 @@
+// shm_backend/shm_backend.cpp — the shm backend's setup: the domain from
+// the configuration, the address entry, attaching the peers of this host.
+// The per-message path is shm_datapath.cpp and shm_rdma.cpp.
+#include "shm_backend/shm_backend.hpp"
+
+#include <cstring>
+
+#include "shm_backend/shm_device.hpp"
+
+namespace ami::shm {
+
+namespace {
+
+std::uint32_t u32(const Config& c, ParamName name) { return static_cast<std::uint32_t>(c.number(name)); }
+
+class ShmBackend final : public device::Backend {
+ public:
+  explicit ShmBackend(const device::BackendSetup& s)
+      : domain_(s.task, s.tasks, s.contexts,
+                DomainOptions{u32(s.config, "AMI_SHM_RING_DEPTH"), u32(s.config, "AMI_SHM_CELL_SIZE"),
+                              s.config.flag("AMI_SHM_CMA"), u32(s.config, "AMI_SHM_STALL_TIMEOUT")},
+                s.regions),
+        ring_(s.config.text("AMI_SHM_RING_DEPTH") + " x " + s.config.text("AMI_SHM_CELL_SIZE") + " B") {}
+
+  std::string_view name() const override { return "shm"; }
+
+  // The segment's descriptor, a 32-bit integer.
+  std::vector<std::byte> local_address() const override {
+    const std::int32_t fd = domain_.segment_fd();
+    std::vector<std::byte> bytes(sizeof fd);
+    std::memcpy(bytes.data(), &fd, sizeof fd);
+    return bytes;
+  }
+
+  // Both use shm and share a host (a boot id both could read).
+  bool joins(const device::TaskFacts& mine, const device::TaskFacts& peer, const std::vector<std::byte>* entry,
+             std::string& why) const override {
+    if (mine.boot_id.empty() || peer.boot_id != mine.boot_id) {
+      why = "it is on another host";
+      return false;
+    }
+    if (entry == nullptr) {
+      why = "AMI_BACKENDS at task " + std::to_string(peer.task) + " leaves out shm";
+      return false;
+    }
+    return true;
+  }
+
+  std::string connect(const device::TaskFacts& peer, std::span<const std::byte> entry) override {
+    std::int32_t fd = -1;
+    if (entry.size() == sizeof fd) std::memcpy(&fd, entry.data(), sizeof fd);
+    if (fd < 0 || peer.pid == 0) return "its shared-memory segment cannot be used: its address names no segment";
+    Status s = domain_.attach({peer.task, peer.pid, fd, peer.contexts});
+    if (!s.ok()) return "its shared-memory segment cannot be used: " + to_string(s);
+    ++peers_;
+    return {};
+  }
+
+  bool reaches(std::uint32_t task) const override { return domain_.reaches(task); }
+  std::uint32_t tasks_reached() const override { return peers_; }
+
+  std::string describe() const override {
+    return "shm: " + std::to_string(peers_) + " peer task(s) on this host, ring " + ring_ + ", PUT/GET by " +
+           std::string(domain_.rdma_mode());
+  }
+
+  std::unique_ptr<device::Device> make_device(std::uint16_t context, std::uint32_t fifo_depth) override {
+    return std::make_unique<ShmDevice>(domain_, context, fifo_depth);
+  }
+
+ private:
+  ShmDomain domain_;
+  std::string ring_;  // "depth x cell B", for describe()
+  std::uint32_t peers_ = 0;
+};
+
+}  // namespace
+
+const device::BackendInfo& backend_info() {
+  static const device::BackendInfo info{
+      .name = "shm",
+      .max_contexts = kMaxContexts,
+      .available = [](const Config&, std::string*) { return true; },
+      .open = [](const device::BackendSetup& s) -> std::unique_ptr<device::Backend> {
+        return std::make_unique<ShmBackend>(s);
+      },
+      .inventory = [] { return std::string(); },
+  };
+  return info;
+}
+
+}  // namespace ami::shm

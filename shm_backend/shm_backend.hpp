@@ -1,0 +1,14 @@
+// shm_backend/shm_backend.hpp — the shm backend's setup: the registry's
+// entry for it (transport/src/backends.cpp). It joins the tasks of one
+// host (same boot id) that both use it, by mapping each other's segment;
+// its entry in the address blob is the segment's descriptor in the owner's
+// process, which peers open through /proc/<pid>/fd/<n>.
+#pragma once
+
+#include "ami/device/backend.hpp"
+
+namespace ami::shm {
+
+const device::BackendInfo& backend_info();
+
+}  // namespace ami::shm

@@ -1,0 +1,147 @@
+// ami/device/backend.hpp — how a backend plugs into a Client: its setup,
+// once per task, beside the per-context Device of device.hpp.
+//
+// A Backend is a backend's share of one task (a domain: a segment, an RDMA
+// port and its queues, a process's queues). The Client opens the backends
+// AMI_BACKENDS names, in the registry's order (transport/src/backends.cpp,
+// the only place that names them), publishes each one's address bytes as
+// one entry of the task's address blob, and joins every peer task through
+// the first backend that joins the pair. Each context then gets one Device
+// from every backend that reaches some task (make_device), in the same
+// order, and the first device that reaches a peer carries it.
+//
+// Which backend joins a pair is decided by both tasks alike, from what both
+// published: joins() must give the same answer on either side. Only the
+// first backend whose joins() says yes is asked to connect(); one that
+// fails leaves the peer unreachable (its reason goes into the job's
+// reachability check), and no later backend is tried, since the peer would
+// not try it either.
+//
+// Setup calls (everything but make_device's Device) are made by the Client
+// under its own serialisation; the data path never calls them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ami/callback.hpp"
+#include "ami/config.hpp"
+#include "ami/device/device.hpp"
+#include "ami/device/region_table.hpp"
+#include "ami/status.hpp"
+
+namespace ami::device {
+
+// What a backend is opened with.
+struct BackendSetup {
+  std::uint32_t task = 0;
+  std::uint32_t tasks = 0;
+  std::uint16_t contexts = 0;
+  const Config& config;
+  // Every registration of the task; remote keys are checked against it.
+  RegionTable& regions;
+};
+
+// What every task publishes besides its backends' entries.
+struct TaskFacts {
+  std::uint32_t task = 0;
+  std::uint32_t pid = 0;
+  std::uint16_t contexts = 0;
+  std::string_view boot_id;  // "" when unknown: then no two tasks count as one host
+  std::string_view hostname;
+};
+
+// The keys a registration gets from a backend. Today the RemoteKey has one
+// field for them (backend_key), which one backend at most fills; opaque
+// per-backend key bytes in the RemoteKey are the next step.
+struct RegionKeys {
+  std::uint32_t backend_key = 0;  // the RemoteKey's (verbs: the rkey)
+  std::uint32_t local_key = 0;    // for the local side of a PUT or GET (verbs: the lkey)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string_view name() const = 0;
+
+  // The bytes of this task's entry in its address blob.
+  virtual std::vector<std::byte> local_address() const { return {}; }
+
+  // Does this backend join this task (mine) and the peer? peer_entry is the
+  // peer's entry for this backend, nullptr when the peer does not use it.
+  // Judged only from what both tasks published, so that the peer, asking
+  // its own backend the same, answers alike. When not, why says why in a
+  // few words ("it is on another host"), or stays empty when there is
+  // nothing worth saying (a backend that only ever reaches its own task).
+  virtual bool joins(const TaskFacts& mine, const TaskFacts& peer, const std::vector<std::byte>* peer_entry,
+                     std::string& why) const = 0;
+
+  // Joins the peer, given its entry (joins() said yes). Returns "" when the
+  // peer is reached, or why not ("its shared-memory segment cannot be
+  // used: ..."): the reachability check reports it. Throws ami::Error for a
+  // failure that must end the Client's creation at once (a peer left
+  // waiting in a connection handshake). Called for the peers in increasing
+  // task order, the same on every task.
+  virtual std::string connect(const TaskFacts& peer, std::span<const std::byte> peer_entry) = 0;
+
+  // Does it reach that task? tasks_reached(): how many it reaches; the own
+  // task counts for a backend that serves it. A backend that reaches none
+  // gets no device in any context: its progress would only ever find
+  // nothing.
+  virtual bool reaches(std::uint32_t task) const = 0;
+  virtual std::uint32_t tasks_reached() const = 0;
+
+  // Memory the task registers, under its slot in the region table (what
+  // the NIC must know of, for one). Nothing to do by default. A region that
+  // registered with some backends and failed with another is deregistered
+  // from all of them; deregister_region() of one it does not hold does
+  // nothing.
+  virtual Status register_region(std::uint32_t region, void* address, std::size_t length, RegionKeys& keys) {
+    (void)region;
+    (void)address;
+    (void)length;
+    (void)keys;
+    return Status::success();
+  }
+  virtual void deregister_region(std::uint32_t region) { (void)region; }
+  // Does a registration pin memory (so that one kept idle by a context's
+  // registration cache would keep pages the process freed)?
+  virtual bool pins_registrations() const { return false; }
+
+  // One line for ami_info: "<name>: what it is and how it is set up".
+  virtual std::string describe() const = 0;
+  // perftest's banner for the lane from context to peer, one " name : value"
+  // line per field.
+  virtual std::string describe_lane(std::uint16_t context, Endpoint peer) const {
+    (void)context;
+    (void)peer;
+    return " Lane            : " + std::string(name()) + "\n";
+  }
+
+  // Context's share: one Device per context, made after connect() ran for
+  // every peer. Throws ami::Error.
+  virtual std::unique_ptr<Device> make_device(std::uint16_t context, std::uint32_t fifo_depth) = 0;
+};
+
+// A backend as the registry lists it, before it is opened.
+struct BackendInfo {
+  std::string_view name;
+  // The most contexts a task may have with this backend in use.
+  std::uint16_t max_contexts = 0xFFFF;
+  // Can this host have it at all (an active RDMA port)? why says what is
+  // missing. Holds no resources.
+  bool (*available)(const Config& config, std::string* why) = nullptr;
+  // Sets it up for the task. Throws ami::Error naming what failed.
+  std::unique_ptr<Backend> (*open)(const BackendSetup& setup) = nullptr;
+  // What it finds on this host without opening it, one line each
+  // ("verbs device: mlx5_0"); "" for nothing to say.
+  std::string (*inventory)() = nullptr;
+};
+
+}  // namespace ami::device

@@ -1,0 +1,124 @@
+// verbs_backend/verbs_backend.cpp — the verbs backend's setup: its options
+// from the configuration, the domain, connecting peers, registering memory
+// with the NIC. The domain itself is verbs_setup.cpp and verbs_connect.cpp;
+// the per-message path is verbs_datapath.cpp.
+#include "verbs_backend/verbs_backend.hpp"
+
+#include <algorithm>
+#include <bit>
+
+#include "ami/error.hpp"
+#include "verbs_backend/verbs_device.hpp"
+#include "verbs_backend/verbs_domain.hpp"
+
+namespace ami::verbs {
+
+namespace {
+
+std::uint32_t u32(const Config& c, ParamName name) { return static_cast<std::uint32_t>(c.number(name)); }
+
+// The table checked every value (ranges, "auto"); only the types change here.
+VerbsOptions verbs_options(const Config& c) {
+  VerbsOptions v;
+  v.net_devices = c.text("AMI_NET_DEVICES");
+  if (auto gid = c.number_or_auto("AMI_VERBS_GID_INDEX")) v.gid_index = static_cast<int>(*gid);
+  if (auto cm = c.number_or_auto("AMI_VERBS_CM")) v.use_rdma_cm = *cm != 0;
+  // IBV_MTU_256 is 1, and each enumerator doubles the bytes: 256 = 2^8.
+  if (auto mtu = c.number_or_auto("AMI_VERBS_MTU"))
+    v.mtu_cap = static_cast<ibv_mtu>(std::countr_zero(*mtu) - 7);
+  v.sq_depth = std::max(u32(c, "AMI_VERBS_SQ_DEPTH"), u32(c, "AMI_FIFO_DEPTH") + 1);
+  if (auto depth = c.number_or_auto("AMI_VERBS_SRQ_DEPTH")) v.srq_depth = static_cast<std::uint32_t>(*depth);
+  v.signal_interval = u32(c, "AMI_VERBS_SIGNAL_INTERVAL");
+  v.doorbell_batch = u32(c, "AMI_VERBS_DOORBELL_BATCH");
+  if (auto max_rdma = c.number_or_auto("AMI_VERBS_MAX_RDMA")) v.max_rdma = *max_rdma;
+  if (auto bounce = c.number_or_auto("AMI_VERBS_BOUNCE_SIZE")) v.bounce_bytes = static_cast<std::uint32_t>(*bounce);
+  if (auto inline_bytes = c.number_or_auto("AMI_VERBS_MAX_INLINE"))
+    v.max_inline = static_cast<std::uint32_t>(*inline_bytes);
+  v.immediate = c.number("AMI_VERBS_IMMEDIATE") != 0;
+  v.timeout = static_cast<std::uint8_t>(c.number("AMI_VERBS_TIMEOUT"));
+  v.retry_count = static_cast<std::uint8_t>(c.number("AMI_VERBS_RETRY_COUNT"));
+  return v;
+}
+
+class VerbsBackend final : public device::Backend {
+ public:
+  explicit VerbsBackend(const device::BackendSetup& s)
+      : domain_(s.task, s.tasks, s.contexts, verbs_options(s.config), s.regions) {}
+
+  std::string_view name() const override { return "verbs"; }
+  std::vector<std::byte> local_address() const override { return domain_.local_address(); }
+
+  // Both use verbs (and no earlier backend joins them: the Client asks only then).
+  bool joins(const device::TaskFacts&, const device::TaskFacts& peer, const std::vector<std::byte>* entry,
+             std::string& why) const override {
+    if (entry != nullptr) return true;
+    why = "verbs is not in use at task " + std::to_string(peer.task);
+    return false;
+  }
+
+  // A failure ends the Client's creation here: with rdma_cm the peer waits
+  // in its own connect() for this task, and the tasks after it for both.
+  std::string connect(const device::TaskFacts& peer, std::span<const std::byte> entry) override {
+    Status s = domain_.connect(peer.task, entry);
+    if (!s.ok())
+      throw Error("Client: cannot connect to task " + std::to_string(peer.task) + " (" +
+                  std::string(peer.hostname) + ") by verbs: " + to_string(s));
+    ++peers_;
+    return {};
+  }
+
+  bool reaches(std::uint32_t task) const override { return domain_.connected(task); }
+  std::uint32_t tasks_reached() const override { return peers_; }
+
+  Status register_region(std::uint32_t region, void* address, std::size_t length,
+                         device::RegionKeys& keys) override {
+    return domain_.register_region(region, address, length, keys.local_key, keys.backend_key);
+  }
+  void deregister_region(std::uint32_t region) override { domain_.deregister_region(region); }
+  // A registration kept past free() would point the NIC at the old pages.
+  bool pins_registrations() const override { return true; }
+
+  std::string describe() const override {
+    return domain_.describe() + ", " + std::to_string(peers_) + " peer task(s)";
+  }
+  std::string describe_lane(std::uint16_t context, Endpoint peer) const override {
+    return domain_.describe_lane(context, peer);
+  }
+
+  std::unique_ptr<device::Device> make_device(std::uint16_t context, std::uint32_t fifo_depth) override {
+    return std::make_unique<VerbsDevice>(domain_, context, fifo_depth);
+  }
+
+ private:
+  VerbsDomain domain_;
+  std::uint32_t peers_ = 0;
+};
+
+// The RDMA devices of this host, active or not.
+std::string inventory() {
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  std::string out;
+  if (list == nullptr || n == 0) out = "verbs devices: none found\n";
+  for (int i = 0; i < n; ++i) out += "verbs device: " + std::string(ibv_get_device_name(list[i])) + "\n";
+  if (list != nullptr) ibv_free_device_list(list);
+  return out;
+}
+
+}  // namespace
+
+const device::BackendInfo& backend_info() {
+  static const device::BackendInfo info{
+      .name = "verbs",
+      .available = [](const Config& c, std::string* why) {
+        return VerbsDomain::available(why, c.text("AMI_NET_DEVICES"));
+      },
+      .open = [](const device::BackendSetup& s) -> std::unique_ptr<device::Backend> {
+        return std::make_unique<VerbsBackend>(s);
+      },
+      .inventory = inventory,
+  };
+  return info;
+}
+
+}  // namespace ami::verbs
