@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "ami/device/reception_queue.hpp"
 #include "shm_backend/shm_device.hpp"
 
 namespace ami::shm {
@@ -74,6 +75,16 @@ class ShmBackend final : public device::Backend {
   std::uint32_t peers_ = 0;
 };
 
+// The own segment's rings (the peers' segments are mapped, not allocated).
+std::vector<device::MemoryDemand> memory(const Config& c, std::uint16_t contexts) {
+  const std::uint64_t depth = c.number("AMI_SHM_RING_DEPTH"), cell = c.number("AMI_SHM_CELL_SIZE");
+  return {{"shared-memory rings: AMI_SHM_RING_DEPTH x AMI_SHM_CELL_SIZE x contexts",
+           std::to_string(depth) + " x " + std::to_string(cell) + " x " + std::to_string(contexts),
+           device::MemoryDemand::times(device::ReceptionQueue::bytes_needed(static_cast<std::uint32_t>(depth),
+                                                                            static_cast<std::uint32_t>(cell)),
+                                       contexts)}};
+}
+
 }  // namespace
 
 const device::BackendInfo& backend_info() {
@@ -85,6 +96,7 @@ const device::BackendInfo& backend_info() {
         return std::make_unique<ShmBackend>(s);
       },
       .inventory = [] { return std::string(); },
+      .memory = memory,
   };
   return info;
 }

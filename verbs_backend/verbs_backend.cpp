@@ -105,6 +105,20 @@ std::string inventory() {
   return out;
 }
 
+// Each context's receive buffers. auto is the device's choice, (512, 8 KiB)
+// on a NIC or (128, 128 KiB) on a software device: the larger of what each
+// could be.
+std::vector<device::MemoryDemand> memory(const Config& c, std::uint16_t contexts) {
+  const auto depth = c.number_or_auto("AMI_VERBS_SRQ_DEPTH");
+  const auto bounce = c.number_or_auto("AMI_VERBS_BOUNCE_SIZE");
+  const std::uint64_t per_context = !depth && !bounce
+                                        ? std::uint64_t{128} * (128 << 10)
+                                        : device::MemoryDemand::times(depth.value_or(512), bounce.value_or(128 << 10));
+  return {{"verbs receive buffers: AMI_VERBS_SRQ_DEPTH x AMI_VERBS_BOUNCE_SIZE x contexts",
+           c.text("AMI_VERBS_SRQ_DEPTH") + " x " + c.text("AMI_VERBS_BOUNCE_SIZE") + " x " + std::to_string(contexts),
+           device::MemoryDemand::times(per_context, contexts)}};
+}
+
 }  // namespace
 
 const device::BackendInfo& backend_info() {
@@ -117,6 +131,7 @@ const device::BackendInfo& backend_info() {
         return std::make_unique<VerbsBackend>(s);
       },
       .inventory = inventory,
+      .memory = memory,
   };
   return info;
 }

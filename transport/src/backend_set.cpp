@@ -54,12 +54,18 @@ device::TaskFacts facts_of(const AddressBlob& b) {
 
 }  // namespace
 
-std::uint16_t BackendSet::max_contexts(const Config& config) {
+std::vector<const RegisteredBackend*> BackendSet::asked_for(const Config& config) {
   const Choice choice = choose(config);
   const auto rows = registered_backends();
-  std::uint16_t most = 0xFFFF;
+  std::vector<const RegisteredBackend*> out;
   for (std::size_t i = 0; i < rows.size(); ++i)
-    if (rows[i].always || choice.named[i]) most = std::min(most, rows[i].info.max_contexts);
+    if (rows[i].always || choice.named[i]) out.push_back(&rows[i]);
+  return out;
+}
+
+std::uint16_t BackendSet::max_contexts(const Config& config) {
+  std::uint16_t most = 0xFFFF;
+  for (const RegisteredBackend* b : asked_for(config)) most = std::min(most, b->info.max_contexts);
   return most;
 }
 

@@ -23,6 +23,8 @@ class BackendSet {
   // (and those always in use): the least any of them takes. Names it does
   // not know are left to the constructor to refuse.
   static std::uint16_t max_contexts(const Config& config);
+  // The backends those are, in registry order.
+  static std::vector<const RegisteredBackend*> asked_for(const Config& config);
 
   // Opens the backends in registry order: those always in use, and those
   // AMI_BACKENDS names. One named there explicitly that this host cannot

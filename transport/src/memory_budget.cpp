@@ -11,8 +11,8 @@
 
 #include "ami/callback.hpp"
 #include "ami/device/descriptor.hpp"
-#include "ami/device/reception_queue.hpp"
 #include "ami/error.hpp"
+#include "backend_set.hpp"
 #include "protocol/eager/request_pool.hpp"
 
 namespace ami {
@@ -21,11 +21,7 @@ namespace {
 
 constexpr std::uint64_t kMost = std::numeric_limits<std::uint64_t>::max();
 
-// Saturating: a product past 2^64 is "too much", never a small wrapped number.
-std::uint64_t times(std::uint64_t a, std::uint64_t b) {
-  std::uint64_t out = 0;
-  return __builtin_mul_overflow(a, b, &out) ? kMost : out;
-}
+constexpr auto times = MemoryDemand::times;
 
 std::uint64_t plus(std::uint64_t a, std::uint64_t b) { return a > kMost - b ? kMost : a + b; }
 
@@ -44,16 +40,6 @@ std::string bytes_text(std::uint64_t bytes) {
   char figure[32];
   std::snprintf(figure, sizeof figure, " (%.1f %s)", v, kUnits[unit]);
   return out + figure;
-}
-
-bool lists_verbs(const std::string& backends) {
-  for (std::size_t start = 0; start <= backends.size();) {
-    std::size_t end = backends.find(',', start);
-    if (end == std::string::npos) end = backends.size();
-    if (std::string_view(backends).substr(start, end - start) == "verbs") return true;
-    start = end + 1;
-  }
-  return false;
 }
 
 // A request, and the engine's record of a stopped message, of which it
@@ -90,21 +76,6 @@ std::vector<MemoryDemand> memory_demands(const Config& c, std::uint16_t contexts
   const std::string n = std::to_string(contexts);
   std::vector<MemoryDemand> out;
 
-  const std::uint64_t self_depth = c.number("AMI_SELF_QUEUE_DEPTH"), self_cell = c.number("AMI_SELF_CELL_SIZE");
-  out.push_back({"self queues: AMI_SELF_QUEUE_DEPTH x AMI_SELF_CELL_SIZE x contexts",
-                 std::to_string(self_depth) + " x " + std::to_string(self_cell) + " x " + n,
-                 times(device::ReceptionQueue::bytes_needed(static_cast<std::uint32_t>(self_depth),
-                                                            static_cast<std::uint32_t>(self_cell)),
-                       contexts)});
-
-  // The own segment's rings (the peers' segments are mapped, not allocated).
-  const std::uint64_t shm_depth = c.number("AMI_SHM_RING_DEPTH"), shm_cell = c.number("AMI_SHM_CELL_SIZE");
-  out.push_back({"shared-memory rings: AMI_SHM_RING_DEPTH x AMI_SHM_CELL_SIZE x contexts",
-                 std::to_string(shm_depth) + " x " + std::to_string(shm_cell) + " x " + n,
-                 times(device::ReceptionQueue::bytes_needed(static_cast<std::uint32_t>(shm_depth),
-                                                            static_cast<std::uint32_t>(shm_cell)),
-                       contexts)});
-
   const std::uint64_t requests = c.number("AMI_MAX_REQUESTS");
   out.push_back({"requests: AMI_MAX_REQUESTS x contexts x bytes per request",
                  std::to_string(requests) + " x " + n + " x " + std::to_string(kRequestBytes),
@@ -120,16 +91,9 @@ std::vector<MemoryDemand> memory_demands(const Config& c, std::uint16_t contexts
                  std::to_string(fifo) + " x " + std::to_string(lanes) + " x " + std::to_string(kFifoSlotBytes),
                  times(times(fifo, lanes), kFifoSlotBytes)});
 
-  if (lists_verbs(c.text("AMI_BACKENDS"))) {
-    // auto is the device's choice, (512, 8 KiB) on a NIC or (128, 128 KiB)
-    // on a software device: the larger of what each could be.
-    const auto depth = c.number_or_auto("AMI_VERBS_SRQ_DEPTH");
-    const auto bounce = c.number_or_auto("AMI_VERBS_BOUNCE_SIZE");
-    const std::uint64_t per_context =
-        !depth && !bounce ? std::uint64_t{128} * (128 << 10) : times(depth.value_or(512), bounce.value_or(128 << 10));
-    out.push_back({"verbs receive buffers: AMI_VERBS_SRQ_DEPTH x AMI_VERBS_BOUNCE_SIZE x contexts",
-                   c.text("AMI_VERBS_SRQ_DEPTH") + " x " + c.text("AMI_VERBS_BOUNCE_SIZE") + " x " + n,
-                   times(per_context, contexts)});
+  for (const detail::RegisteredBackend* b : detail::BackendSet::asked_for(c)) {
+    std::vector<MemoryDemand> more = b->info.memory(c, contexts);
+    out.insert(out.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
   }
   return out;
 }

@@ -17,18 +17,15 @@
 #include <vector>
 
 #include "ami/config.hpp"
+#include "ami/device/backend.hpp"
 
 namespace ami {
 
 // One group of settings whose product is memory the client allocates.
-struct MemoryDemand {
-  std::string what;     // "self queues: AMI_SELF_QUEUE_DEPTH x AMI_SELF_CELL_SIZE x contexts"
-  std::string figures;  // "65536 x 4194304 x 1"
-  std::uint64_t bytes;  // saturates at the largest uint64_t
-};
+using MemoryDemand = device::MemoryDemand;
 
 // Every group, for a client of `contexts` contexts in a job of `tasks`
-// tasks. The injection FIFOs are counted for every lane a context may open
+// tasks: the engine's, then those of each backend AMI_BACKENDS asks for. The injection FIFOs are counted for every lane a context may open
 // (tasks x contexts); lanes are opened on first use, so a job whose tasks
 // talk to few peers allocates less.
 std::vector<MemoryDemand> memory_demands(const Config& c, std::uint16_t contexts, std::uint32_t tasks);

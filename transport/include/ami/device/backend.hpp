@@ -129,6 +129,21 @@ class Backend {
   virtual std::unique_ptr<Device> make_device(std::uint16_t context, std::uint32_t fifo_depth) = 0;
 };
 
+// One group of settings whose product is memory a backend allocates, for
+// the check against the host's memory before anything is allocated
+// (transport/src/memory_budget.hpp).
+struct MemoryDemand {
+  std::string what;     // "self queues: AMI_SELF_QUEUE_DEPTH x AMI_SELF_CELL_SIZE x contexts"
+  std::string figures;  // "65536 x 4194304 x 1"
+  std::uint64_t bytes;  // saturates at the largest uint64_t
+
+  // Saturating: a product past 2^64 is "too much", never a small wrapped number.
+  static std::uint64_t times(std::uint64_t a, std::uint64_t b) {
+    std::uint64_t out = 0;
+    return __builtin_mul_overflow(a, b, &out) ? ~std::uint64_t{0} : out;
+  }
+};
+
 // A backend as the registry lists it, before it is opened.
 struct BackendInfo {
   std::string_view name;
@@ -142,6 +157,9 @@ struct BackendInfo {
   // What it finds on this host without opening it, one line each
   // ("verbs device: mlx5_0"); "" for nothing to say.
   std::string (*inventory)() = nullptr;
+  // The memory its settings make it allocate for a task of that many
+  // contexts (what the peers' setup maps is not counted).
+  std::vector<MemoryDemand> (*memory)(const Config& config, std::uint16_t contexts) = nullptr;
 };
 
 }  // namespace ami::device
