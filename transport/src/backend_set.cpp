@@ -146,9 +146,14 @@ std::vector<std::string> BackendSet::join(const AddressBlob& mine, const std::ve
     if (t != task_) why[t] = unreachable_reason(me, table[t], via[t]);
   // Backend by backend, each peer in increasing task order on every task
   // (rdma_cm wants that order).
-  for (std::size_t i = 0; i < slots_.size(); ++i)
-    for (std::uint32_t t = 0; t < table.size(); ++t)
-      if (via[t] == i) why[t] = slots_[i].backend->connect(facts_of(table[t]), *table[t].entry(slots_[i].row->id));
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    for (std::uint32_t t = 0; t < table.size(); ++t) {
+      if (via[t] != i) continue;
+      const std::vector<std::byte>* entry = table[t].entry(slots_[i].row->id);
+      why[t] = slots_[i].backend->connect(facts_of(table[t]), entry ? std::span<const std::byte>(*entry)
+                                                                    : std::span<const std::byte>());
+    }
+  }
   return why;
 }
 
