@@ -5,7 +5,6 @@
 
 #include <cstring>
 
-#include "ami/device/reception_queue.hpp"
 #include "shm_backend/shm_device.hpp"
 
 namespace ami::shm {
@@ -77,12 +76,8 @@ class ShmBackend final : public device::Backend {
 
 // The own segment's rings (the peers' segments are mapped, not allocated).
 std::vector<device::MemoryDemand> memory(const Config& c, std::uint16_t contexts) {
-  const std::uint64_t depth = c.number("AMI_SHM_RING_DEPTH"), cell = c.number("AMI_SHM_CELL_SIZE");
-  return {{"shared-memory rings: AMI_SHM_RING_DEPTH x AMI_SHM_CELL_SIZE x contexts",
-           std::to_string(depth) + " x " + std::to_string(cell) + " x " + std::to_string(contexts),
-           device::MemoryDemand::times(device::ReceptionQueue::bytes_needed(static_cast<std::uint32_t>(depth),
-                                                                            static_cast<std::uint32_t>(cell)),
-                                       contexts)}};
+  return {device::MemoryDemand::queues("shared-memory rings", c, "AMI_SHM_RING_DEPTH", "AMI_SHM_CELL_SIZE",
+                                       contexts)};
 }
 
 }  // namespace
@@ -91,11 +86,9 @@ const device::BackendInfo& backend_info() {
   static const device::BackendInfo info{
       .name = "shm",
       .max_contexts = kMaxContexts,
-      .available = [](const Config&, std::string*) { return true; },
       .open = [](const device::BackendSetup& s) -> std::unique_ptr<device::Backend> {
         return std::make_unique<ShmBackend>(s);
       },
-      .inventory = [] { return std::string(); },
       .memory = memory,
   };
   return info;

@@ -2,7 +2,6 @@
 // SelfDevice per context. Nothing to publish, nothing to connect.
 #include "transport/self/self_backend.hpp"
 
-#include "ami/device/reception_queue.hpp"
 #include "transport/self/self_device.hpp"
 
 namespace ami::self {
@@ -42,12 +41,7 @@ class SelfBackend final : public device::Backend {
 
 // A reception queue per context.
 std::vector<device::MemoryDemand> memory(const Config& c, std::uint16_t contexts) {
-  const std::uint64_t depth = c.number("AMI_SELF_QUEUE_DEPTH"), cell = c.number("AMI_SELF_CELL_SIZE");
-  return {{"self queues: AMI_SELF_QUEUE_DEPTH x AMI_SELF_CELL_SIZE x contexts",
-           std::to_string(depth) + " x " + std::to_string(cell) + " x " + std::to_string(contexts),
-           device::MemoryDemand::times(device::ReceptionQueue::bytes_needed(static_cast<std::uint32_t>(depth),
-                                                                            static_cast<std::uint32_t>(cell)),
-                                       contexts)}};
+  return {device::MemoryDemand::queues("self queues", c, "AMI_SELF_QUEUE_DEPTH", "AMI_SELF_CELL_SIZE", contexts)};
 }
 
 }  // namespace
@@ -55,11 +49,9 @@ std::vector<device::MemoryDemand> memory(const Config& c, std::uint16_t contexts
 const device::BackendInfo& backend_info() {
   static const device::BackendInfo info{
       .name = "self",
-      .available = [](const Config&, std::string*) { return true; },
       .open = [](const device::BackendSetup& s) -> std::unique_ptr<device::Backend> {
         return std::make_unique<SelfBackend>(s);
       },
-      .inventory = [] { return std::string(); },
       .memory = memory,
   };
   return info;

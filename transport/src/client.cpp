@@ -210,7 +210,8 @@ std::string make_job_key() {
 
 std::string describe_hardware() {
   std::string out;
-  for (const detail::RegisteredBackend& b : detail::registered_backends()) out += b.info.inventory();
+  for (const detail::RegisteredBackend& b : detail::registered_backends())
+    if (b.info.inventory != nullptr) out += b.info.inventory();
   return out;
 }
 

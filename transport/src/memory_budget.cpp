@@ -92,6 +92,7 @@ std::vector<MemoryDemand> memory_demands(const Config& c, std::uint16_t contexts
                  times(times(fifo, lanes), kFifoSlotBytes)});
 
   for (const detail::RegisteredBackend* b : detail::BackendSet::asked_for(c)) {
+    if (b->info.memory == nullptr) continue;
     std::vector<MemoryDemand> more = b->info.memory(c, contexts);
     out.insert(out.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
   }

@@ -32,6 +32,7 @@
 #include "ami/callback.hpp"
 #include "ami/config.hpp"
 #include "ami/device/device.hpp"
+#include "ami/device/reception_queue.hpp"
 #include "ami/device/region_table.hpp"
 #include "ami/status.hpp"
 
@@ -142,6 +143,17 @@ struct MemoryDemand {
     std::uint64_t out = 0;
     return __builtin_mul_overflow(a, b, &out) ? ~std::uint64_t{0} : out;
   }
+
+  // One reception queue per context, of the depth and cell size two rows
+  // set: "<label>: DEPTH x CELL x contexts".
+  static MemoryDemand queues(std::string_view label, const Config& c, ParamName depth, ParamName cell,
+                             std::uint16_t contexts) {
+    const std::uint64_t d = c.number(depth), b = c.number(cell);
+    return {std::string(label) + ": " + std::string(depth.name()) + " x " + std::string(cell.name()) + " x contexts",
+            std::to_string(d) + " x " + std::to_string(b) + " x " + std::to_string(contexts),
+            times(ReceptionQueue::bytes_needed(static_cast<std::uint32_t>(d), static_cast<std::uint32_t>(b)),
+                  contexts)};
+  }
 };
 
 // A backend as the registry lists it, before it is opened.
@@ -150,15 +162,16 @@ struct BackendInfo {
   // The most contexts a task may have with this backend in use.
   std::uint16_t max_contexts = 0xFFFF;
   // Can this host have it at all (an active RDMA port)? why says what is
-  // missing. Holds no resources.
+  // missing. Holds no resources. nullptr: always.
   bool (*available)(const Config& config, std::string* why) = nullptr;
   // Sets it up for the task. Throws ami::Error naming what failed.
   std::unique_ptr<Backend> (*open)(const BackendSetup& setup) = nullptr;
   // What it finds on this host without opening it, one line each
-  // ("verbs device: mlx5_0"); "" for nothing to say.
+  // ("verbs device: mlx5_0"); "" or nullptr for nothing to say.
   std::string (*inventory)() = nullptr;
   // The memory its settings make it allocate for a task of that many
-  // contexts (what the peers' setup maps is not counted).
+  // contexts (what the peers' setup maps is not counted); nullptr: none
+  // worth counting.
   std::vector<MemoryDemand> (*memory)(const Config& config, std::uint16_t contexts) = nullptr;
 };
 
