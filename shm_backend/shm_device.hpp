@@ -140,6 +140,12 @@ class ShmDevice final : public device::Device {
   std::uint64_t stalled_position_ = 0;
   std::int64_t stalled_since_ns_ = 0;
   std::uint64_t cells_skipped_ = 0;
+  // reception_load(): the producers' tail as read once per progress() call
+  // (the first time a decision asks), so the stop policy, which asks at
+  // every eager packet, does not pull the cache line every producer writes
+  // per cell across cores at every packet.
+  mutable std::uint64_t load_tail_ = 0;
+  mutable bool load_fresh_ = false;
   std::size_t tend_failed_lanes(device::PacketSink& sink);
   void skip_stalled_cell();
   void fail_lane(ShmLane& lane, Status why);

@@ -418,7 +418,13 @@ void VerbsDevice::on_send_completion(const ibv_wc& wc) {
   if (wc.wr_id & kProbeBit) lane->probe_outstanding_ = false;
   if (lane->broken_) return;  // the flushes that follow the first error
   if (wc.status != IBV_WC_SUCCESS) return break_lane(*lane, n, completion_status(wc.status), &wc);
-  if (wc.wr_id & kProbeBit) return retire(*lane, n);
+  if (wc.wr_id & kProbeBit) {
+    // tend_lanes() stops tending a lane while its probe is out: a WR posted
+    // after the probe (unsignalled, a callback waiting on it) needs another
+    // look now, or its callback waits for ever.
+    tending_ = true;
+    return retire(*lane, n);
+  }
   if (wc.wr_id & kRefusedBit) {
     retire(*lane, n);
     lane->fifo().complete();  // the callbacks before it first, in order

@@ -20,6 +20,18 @@ constexpr std::uint64_t kFirstEager = 512;
 // behind whatever its own lane holds) meets a short stream, not a FIFO's
 // worth of packets the rendezvous then makes useless.
 constexpr std::uint32_t kEagerBurst = 16;
+// And when the receiver is expected to stop the message at its first
+// packet (the rest is longer than the crossover, Lane::rdma_crossover() or
+// AMI_RNDV_CROSSOVER, which the receiver judges by too), they are paced by
+// their completions: beyond the first, one goes out only while fewer than
+// this many of the lane's descriptors injected since the first packet are
+// still on it (not passed by its transfer counter). The stop then finds the
+// rest unsent instead of a FIFO's worth of packets queued on a slow link,
+// which it cannot call back. Where packets leave at once (shm: into the
+// peer's ring) the window fills only while the peer's ring is full. The
+// sender decides nothing by it: a receiver that does not stop gets every
+// byte eagerly all the same.
+constexpr std::uint64_t kEagerWindow = 2;
 
 }  // namespace
 
@@ -274,7 +286,13 @@ bool AmEngine::inject_send(Peer& peer, Request& r) {
   device::Lane& lane = *peer.lane;
   std::uint32_t burst = 0;
   while (!r.started || r.sent < r.eager_end) {
-    if (r.rndv && !r.stopped && ++burst > kEagerBurst) return false;
+    if (r.rndv && !r.stopped) {
+      if (++burst > kEagerBurst) return false;
+      if (r.paced && eager_in_flight(lane, r) >= kEagerWindow) {
+        ring(lane);  // a device that moves packets at once passes them here
+        if (eager_in_flight(lane, r) >= kEagerWindow) return false;  // (service() comes back while r is queued)
+      }
+    }
     device::Descriptor* d = lane.fifo().try_reserve();
     if (d == nullptr) return false;
     const std::size_t hdr = r.started ? 0 : r.header_len;
@@ -302,6 +320,8 @@ bool AmEngine::inject_send(Peer& peer, Request& r) {
         k += info;
       }
       finish_packet(*d, k, {r.payload, n}, r.rndv ? &r.registration : nullptr);
+      r.eager_mark = lane.fifo().injected();
+      r.paced = r.rndv && r.total - n > shape_.rndv_crossover.value_or(lane.rdma_crossover());
     }
     r.started = true;
     r.sent += n;
@@ -309,9 +329,17 @@ bool AmEngine::inject_send(Peer& peer, Request& r) {
     stats_.bytes_sent += n;
     ++stats_.packets_sent;
     const bool last = r.sent == r.total;
-    lane.fifo().commit(last ? Callback{&AmEngine::on_send_local, &r} : Callback{});
+    // A paced packet asks for its completion (a callback that does
+    // nothing), so a device that reports completions only when someone
+    // waits for one (verbs: selective signalling) reports it.
+    lane.fifo().commit(last ? Callback{&AmEngine::on_send_local, &r}
+                            : r.paced ? Callback{&AmEngine::on_eager_paced, nullptr} : Callback{});
   }
   return true;
+}
+
+std::uint64_t AmEngine::eager_in_flight(device::Lane& lane, const Request& r) {
+  return lane.fifo().injected() - std::max(lane.fifo().counter().snapshot(), r.eager_mark);
 }
 
 bool AmEngine::inject_rdma(Peer& peer, Request& r) {
@@ -351,9 +379,10 @@ bool AmEngine::inject_control(Peer& peer, Control& c) {
     c.info.encode(d->packet.inline_data + k);
     finish_packet(*d, k + wire::RendezvousInfo::kBytes, {});
   } else if (c.type == wire::PacketType::fin && c.mode == Control::kPutPending) {
-    // The PUT of a stop_put, [E, total) of the send buffer into the receive
-    // buffer, in pieces the lane carries.
-    const std::uint64_t n = std::min(r->total - c.cursor, peer.lane->max_rdma());
+    // The PUT of a stop_put, [E, end) of the send buffer into the receive
+    // buffer (end: total, or where the receiver's GET begins), in pieces
+    // the lane carries.
+    const std::uint64_t n = std::min(c.end - c.cursor, peer.lane->max_rdma());
     d->kind = device::DescriptorKind::put;
     d->rdma = device::RdmaDescriptor{.local = const_cast<std::byte*>(r->payload) + c.cursor,
                                      .length = n,
@@ -365,7 +394,7 @@ bool AmEngine::inject_control(Peer& peer, Control& c) {
     stats_.rndv_put_bytes += n;
     c.cursor += n;
     // The fin itself goes once every piece has completed.
-    if (c.cursor == r->total) c.mode = Control::kPutInFlight;
+    if (c.cursor == c.end) c.mode = Control::kPutInFlight;
     return true;
   } else {
     build_packet(*d, wire::make_header(c.type, c.mode, c.id, c.total, c.offset, 0, 0, c.flags), {}, {});

@@ -23,7 +23,11 @@
 //                           keeps eager packets, and on the sender's cts
 //                           (eager bytes E) GETs [E, bottom), then acks;
 //             stop_put    — sends its buffer's key; the sender PUTs [E, total)
-//                           and, once the PUT completed, sends fin.
+//                           and, once the PUT completed, sends fin. A rest
+//                           of rndv::kSplitMin or more is shared: the stop
+//                           says where the PUT ends (P, about half-way), the
+//                           receiver GETs [P, total) at once, and acks once
+//                           both are in.
 //  Every stop is answered by a cts or fin, which follows the message's last
 //  eager packet on the lane, so the receiver knows when no more will come.
 #pragma once
@@ -133,7 +137,8 @@ class AmEngine final : public device::PacketSink {
     device::Registration registration{};
     bool owns_registration = false;
     std::uint32_t gets_pending = 0;
-    std::uint64_t bottom = 0;       // split_get: the first GET covers [bottom, total)
+    std::uint64_t bottom = 0;       // split_get, a shared stop_put: the first GET covers [bottom, total)
+    bool split = false;             // a stop_put shared with a GET of [bottom, total): acked
     bool end_seen = false;          // the cts or fin came
     bool eager_all = false;         // kept eager packets brought every byte (the sender had sent them all)
     bool in_place = false;          // every byte is in place (done ran)
@@ -172,6 +177,7 @@ class AmEngine final : public device::PacketSink {
     std::uint64_t offset = 0;   // header offset
     std::uint64_t total = 0;    // header total_len
     std::uint64_t cursor = 0;   // fin of a stop_put: the next byte to PUT
+    std::uint64_t end = 0;      // fin of a stop_put: where its PUT ends (the receiver GETs the rest)
     Request* owner = nullptr;   // sender side: cts, fin or the PUT of a stop_put
     Inbound* get = nullptr;     // receiver side: not a packet but a GET of [offset, offset + total)
     wire::RendezvousInfo info{};  // stop with stop_put: the receive buffer
@@ -227,6 +233,11 @@ class AmEngine final : public device::PacketSink {
 
   // sending (am_engine.cpp)
   bool inject_send(Peer& peer, Request& r);
+  // The pacing of a stoppable message's eager packets (am_engine.cpp): how
+  // many of the lane's descriptors injected since its first packet the lane
+  // has not passed yet.
+  static std::uint64_t eager_in_flight(device::Lane& lane, const Request& r);
+  static void on_eager_paced(void*, Status) {}
   bool inject_rdma(Peer& peer, Request& r);
   bool inject_control(Peer& peer, Control& c);
   bool inject_fence(Peer& peer, Request& r);
@@ -288,7 +299,7 @@ class AmEngine final : public device::PacketSink {
   void maybe_keepalive();  // every 64th advance() (it reads the clock)
 
   // the rendezvous (am_rndv.cpp)
-  void consider_stop(Peer& peer, bool first_packet);
+  void consider_stop(Peer& peer);
   bool stop(Peer& peer, const rndv::Decision& d);
   Status take_registration(Inbound& in, const Memory* memory);
   void get(Peer& peer, Inbound& in, std::uint64_t offset, std::uint64_t bytes);

@@ -220,7 +220,7 @@ void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {
     rx = Reassembly{.active = true, .message_id = v.header.message_id, .ack_seq = seq,
                     .total = v.header.total_len, .received = v.payload.size(), .wants_remote_done = wants_answer,
                     .answer_flags = wire::kDispatchMissing, .rndv = rndv, .source = source};
-    if (rndv) consider_stop(peer, true);
+    if (rndv) consider_stop(peer);
     return;
   }
   Receive recv;
@@ -245,7 +245,7 @@ void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {
     std::memcpy(rx.buffer, v.payload.data(), v.payload.size());
   else
     stats_.discarded_bytes += v.payload.size();
-  if (rndv) consider_stop(peer, true);
+  if (rndv) consider_stop(peer);
 }
 
 void AmEngine::on_more(Peer& peer, const wire::PacketView& v) {
@@ -284,8 +284,8 @@ void AmEngine::on_more(Peer& peer, const wire::PacketView& v) {
   if (rx.received == rx.total) {
     if (rx.rndv) ++stats_.rndv_eager_complete;
     complete_rx(peer, Status::success());
-  } else if (rx.rndv && !rx.stop_refused) {
-    consider_stop(peer, false);
+  } else if (rx.rndv && !rx.stop_refused && rndv::may_stop_later(rx.total - rx.received)) {
+    consider_stop(peer);
   }
 }
 

@@ -12,25 +12,28 @@ constexpr std::size_t kBadRendezvous = 9;  // ContextStats::malformed_by_reason
 }  // namespace
 
 // Runs the stop policy for the message streaming from peer.
-void AmEngine::consider_stop(Peer& peer, bool first_packet) {
+void AmEngine::consider_stop(Peer& peer) {
   const Reassembly& rx = peer.rx;
   if (rx.piece != nullptr) return;  // taken in pieces: there is no buffer to GET or PUT into
   const rndv::Inputs in{.total = rx.total,
                         .received = rx.received,
-                        .first_packet = first_packet,
                         .has_buffer = rx.buffer != nullptr,
                         .deferred = rx.defer != nullptr,
                         .zero_copy = rx.zero_copy,
                         .reception_load = peer.device->reception_load(),
                         .low_water = shape_.rndv_low_water,
                         .crossover = shape_.rndv_crossover.value_or(peer.lane->rdma_crossover()),
-                        .configured = shape_.rndv_mode};
+                        .configured = shape_.rndv_mode,
+                        .split_min = rndv::kSplitMin};
   ++stats_.rndv_decisions;
   stats_.reception_load_max = std::max(stats_.reception_load_max, in.reception_load);
   const rndv::Decision d = rndv::decide(in);
   // Refused (no record free, the buffer cannot be registered): the message
   // goes on eagerly, and is not asked again.
   if (d.stop && !stop(peer, d)) peer.rx.stop_refused = true;
+  // The stop goes out now, not after the rest of this poll's arrivals: every
+  // eager packet its sender injects meanwhile is one the rendezvous redoes.
+  if (d.stop) service(peer);
 }
 
 // Stops the streaming message: a record for it, the stop packet, and the
@@ -64,14 +67,22 @@ bool AmEngine::stop(Peer& peer, const rndv::Decision& d) {
   ++stats_.rndv_stops_by_reason[static_cast<std::size_t>(d.reason)];
   ++stats_.rndv_stops_by_mode[static_cast<std::size_t>(d.path)];
 
+  // (A stop_put's stop says where the sender's PUT ends in total_len: the
+  // receiver GETs the rest itself.)
   Control c{.type = wire::PacketType::stop, .mode = static_cast<std::uint16_t>(d.mode),
             .id = rx.message_id, .offset = in.id(), .total = rx.total};
-  if (d.mode == wire::StopMode::stop_put)
+  if (d.mode == wire::StopMode::stop_put) {
     c.info = wire::RendezvousInfo{in.registration.key, reinterpret_cast<std::uintptr_t>(in.buffer)};
+    c.total = d.put_end;
+  }
   push_control(peer, c);
   if (in.buffer != nullptr) {  // (a deferred message has none yet)
     if (d.mode == wire::StopMode::discard_get) {
       get(peer, in, 0, in.total);
+    } else if (d.mode == wire::StopMode::stop_put && d.put_end < in.total) {
+      in.split = true;
+      in.bottom = d.put_end;
+      get(peer, in, d.put_end, in.total - d.put_end);
     } else if (d.mode == wire::StopMode::split_get) {
       // The bottom half of what is missing, at once; the eager packets still
       // in flight fill in from the top, and the cts says where they ended.
@@ -165,7 +176,9 @@ void AmEngine::check_inbound(Inbound& in) {
     if (in.done) in.done(in.failure);
     std::uint16_t flags = in.answer_flags;
     if (!in.failure.ok()) flags |= wire::kFailed;
-    if (in.mode != wire::StopMode::stop_put || in.wants_remote_done)
+    // (After a whole stop_put the sender's fin settled it; after one shared
+    // with a GET it waits for this ack, as its buffer was read.)
+    if (in.mode != wire::StopMode::stop_put || in.split || in.wants_remote_done)
       ack(peers_[in.peer], in.ack_seq, flags, in.wants_remote_done);
   }
   if (in.in_place && in.end_seen) {
@@ -177,7 +190,10 @@ void AmEngine::check_inbound(Inbound& in) {
 
 // Sender: the receiver stopped message v.message_id. No more eager packets;
 // the answer follows the last one on the lane: a cts with the eager byte
-// count, or (stop_put) the PUT of the rest and then a fin.
+// count, or (stop_put) the PUT of the rest up to the stop's total_len and
+// then a fin. A stop_put that leaves the receiver a part to GET (total_len
+// below the message's) is answered by the receiver's ack too, as a GET
+// stop is: the buffer is not free before.
 void AmEngine::on_stop(Peer& peer, const wire::PacketView& v) {
   Request* r = pool_.find(v.header.message_id);
   if (r == nullptr || r->kind != Request::Kind::send || !r->rndv || !r->verdict_pending || r->stopped ||
@@ -187,7 +203,9 @@ void AmEngine::on_stop(Peer& peer, const wire::PacketView& v) {
   }
   const auto mode = static_cast<wire::StopMode>(v.header.dispatch);
   wire::RendezvousInfo target;
-  if (mode == wire::StopMode::stop_put && !wire::RendezvousInfo::decode(v.payload, r->total, target)) {
+  const std::uint64_t put_end = v.header.total_len;
+  if (mode == wire::StopMode::stop_put &&
+      (!wire::RendezvousInfo::decode(v.payload, r->total, target) || put_end > r->total)) {
     count_malformed(kBadRendezvous);
     return;
   }
@@ -205,12 +223,14 @@ void AmEngine::on_stop(Peer& peer, const wire::PacketView& v) {
   // carries r's local completion, so r lives until it is sent.
   const bool cut_short = r->sent < r->total;
   Control c{.type = wire::PacketType::cts, .id = v.header.offset, .offset = r->sent, .total = r->total,
-            .cursor = r->sent, .owner = cut_short ? r : nullptr};
+            .cursor = r->sent, .end = put_end, .owner = cut_short ? r : nullptr};
   if (mode == wire::StopMode::stop_put) {
     c.type = wire::PacketType::fin;
     c.info = target;
-    if (cut_short) c.mode = Control::kPutPending;
-    r->verdict_pending = false;  // nothing comes back but a remote-done, if asked
+    if (r->sent < put_end) c.mode = Control::kPutPending;
+    // Nothing comes back but a remote-done, if asked; or, when the receiver
+    // GETs a part, its ack.
+    if (put_end == r->total) r->verdict_pending = false;
   }
   push_control(peer, c);
   settle(*r);

@@ -61,6 +61,8 @@ struct Request {
   device::Registration registration{};
   std::uint64_t eager_end = 0;   // eager bytes to send: total, or what was sent at a stop
   std::uint32_t packets = 0;     // eager packets sent (their size grows)
+  std::uint64_t eager_mark = 0;  // the lane's FIFO injections before its first packet
+  bool paced = false;            // its receiver is expected to stop it: eager packets paced by completions
   std::uint32_t puts_pending = 0;  // stop_put: pieces of the PUT not yet complete
   bool stopped = false;
 

@@ -24,7 +24,7 @@ Decision decide(const Inputs& in) {
   if (in.zero_copy) {
     d.stop = true;
     d.reason = StopReason::zero_copy;
-  } else if (in.reception_load >= in.low_water) {
+  } else if (in.reception_load >= in.low_water && remaining >= kPressureMin) {
     d.stop = true;
     d.reason = StopReason::reception_low;
   } else if (remaining > in.crossover) {
@@ -37,11 +37,14 @@ Decision decide(const Inputs& in) {
     case Mode::discard_get: d.mode = wire::StopMode::discard_get; break;
     case Mode::split_get: d.mode = wire::StopMode::split_get; break;
     case Mode::stop_put: d.mode = wire::StopMode::stop_put; break;
-    case Mode::automatic:
-      d.mode = in.first_packet ? wire::StopMode::stop_put : wire::StopMode::split_get;
-      break;
+    case Mode::automatic: d.mode = wire::StopMode::stop_put; break;
   }
   d.path = static_cast<StopPath>(static_cast<unsigned>(d.mode) - 1);  // the three wire modes come first
+  d.put_end = in.total;
+  if (d.mode == wire::StopMode::stop_put && in.split_min != 0 && remaining >= in.split_min) {
+    const std::uint64_t half = (in.received + remaining / 2) & ~(kSplitAlign - 1);
+    if (half > in.received) d.put_end = half;
+  }
   return d;
 }
 

@@ -25,8 +25,8 @@ using protocol::rndv::Mode;
 using protocol::rndv::StopPath;
 using protocol::rndv::StopReason;
 
-TEST_CASE("stop policy: each input stops for its own reason, and the mode follows the moment") {
-  protocol::rndv::Inputs in{.total = 1 << 20, .received = 512, .first_packet = true, .has_buffer = true,
+TEST_CASE("stop policy: each input stops for its own reason; auto moves the rest by stop_put") {
+  protocol::rndv::Inputs in{.total = 1 << 20, .received = 512, .has_buffer = true,
                             .zero_copy = false, .reception_load = 10, .low_water = 75,
                             .crossover = 1 << 20, .configured = Mode::automatic};
   CHECK_FALSE(protocol::rndv::decide(in).stop);  // small enough for the bounce path, buffers plenty
@@ -34,14 +34,13 @@ TEST_CASE("stop policy: each input stops for its own reason, and the mode follow
   auto d = protocol::rndv::decide([&] { auto i = in; i.crossover = 4096; return i; }());
   CHECK(d.stop);
   CHECK(d.reason == StopReason::large);
-  CHECK(d.mode == wire::StopMode::stop_put);  // at the first packet the buffer is known
+  CHECK(d.mode == wire::StopMode::stop_put);  // the sender PUTs the rest
 
-  d = protocol::rndv::decide([&] { auto i = in; i.crossover = 4096; i.first_packet = false; return i; }());
-  CHECK(d.mode == wire::StopMode::split_get);  // later: keep what came, GET the rest
-
-  d = protocol::rndv::decide([&] { auto i = in; i.reception_load = 75; return i; }());
+  d = protocol::rndv::decide([&] { auto i = in; i.reception_load = 75; i.received = 300000; return i; }());
   CHECK(d.stop);
   CHECK(d.reason == StopReason::reception_low);
+  CHECK(d.mode == wire::StopMode::stop_put);  // mid-message, short of reception buffers: the sender's work too
+  CHECK(d.path == StopPath::stop_put);
 
   d = protocol::rndv::decide([&] { auto i = in; i.zero_copy = true; return i; }());
   CHECK(d.reason == StopReason::zero_copy);
@@ -63,6 +62,43 @@ TEST_CASE("stop policy: each input stops for its own reason, and the mode follow
     CHECK(static_cast<int>(d.mode) == static_cast<int>(m));
     CHECK(static_cast<int>(d.path) == static_cast<int>(m) - 1);
   }
+  // Reception pressure stops a message only while kPressureMin or more is
+  // still to come.
+  d = protocol::rndv::decide([&] {
+    auto i = in;
+    i.reception_load = 90;
+    i.received = i.total - protocol::rndv::kPressureMin + 1;
+    return i;
+  }());
+  CHECK_FALSE(d.stop);
+  CHECK_FALSE(protocol::rndv::may_stop_later(protocol::rndv::kPressureMin - 1));
+  CHECK(protocol::rndv::may_stop_later(protocol::rndv::kPressureMin));
+  // A stop_put with a long rest shares it with a GET from where a
+  // kSplitAlign multiple lies about half-way; a short rest, or another mode,
+  // is not shared.
+  d = protocol::rndv::decide([&] {
+    auto i = in;
+    i.crossover = 4096;
+    i.split_min = protocol::rndv::kSplitMin;
+    return i;
+  }());
+  CHECK(d.mode == wire::StopMode::stop_put);
+  CHECK(d.put_end == (512 + ((1 << 20) - 512) / 2) / protocol::rndv::kSplitAlign * protocol::rndv::kSplitAlign);
+  CHECK(protocol::rndv::decide([&] { auto i = in; i.crossover = 4096; return i; }()).put_end == in.total);
+  CHECK(protocol::rndv::decide([&] {
+          auto i = in;
+          i.crossover = 4096;
+          i.split_min = protocol::rndv::kSplitMin;
+          i.received = i.total - protocol::rndv::kSplitMin + 1;
+          return i;
+        }()).put_end == in.total);
+  CHECK(protocol::rndv::decide([&] {
+          auto i = in;
+          i.crossover = 4096;
+          i.split_min = protocol::rndv::kSplitMin;
+          i.configured = Mode::split_get;
+          return i;
+        }()).put_end == in.total);
   // Nothing left to stop once every byte is in.
   CHECK_FALSE(protocol::rndv::decide([&] { auto i = in; i.received = i.total; i.zero_copy = true; return i; }()).stop);
 }
@@ -165,12 +201,14 @@ struct Rig {
   int sent = 0;
   Status receive_status, send_status;
 
+  // sender_crossover: the sender's own AMI_RNDV_CROSSOVER, when it differs
+  // from the receiver's (it paces its eager packets by it).
   Rig(Mode mode, std::uint32_t fifo, std::uint32_t queue, std::optional<std::uint64_t> crossover,
-      unsigned low_water = 75)
+      unsigned low_water = 75, std::optional<std::optional<std::uint64_t>> sender_crossover = {})
       : domain(0, 2, queue, kCell, registry.regions), da(domain, 0, fifo), db(domain, 1, fifo),
         ca(registry.make({})), cb(registry.make({})),
-        ea({.tasks = 1, .contexts = 2, .max_requests = 64, .rndv_mode = mode, .rndv_crossover = crossover,
-            .rndv_low_water = low_water}, sa),
+        ea({.tasks = 1, .contexts = 2, .max_requests = 64, .rndv_mode = mode,
+            .rndv_crossover = sender_crossover.value_or(crossover), .rndv_low_water = low_water}, sa),
         eb({.tasks = 1, .contexts = 2, .max_requests = 64, .rndv_mode = mode, .rndv_crossover = crossover,
             .rndv_low_water = low_water}, sb) {
     ea.add_device(da);
@@ -261,7 +299,48 @@ TEST_CASE("STOP before any eager packet after the first: nothing arrives late, t
     const std::uint64_t rest = r.source.size() - r.first_payload();
     if (mode == Mode::discard_get) CHECK(r.sb.rndv_get_bytes == r.source.size());
     if (mode == Mode::split_get) CHECK(r.sb.rndv_get_bytes == rest);
-    if (mode == Mode::stop_put) CHECK(r.sa.rndv_put_bytes == rest);
+    if (mode == Mode::stop_put) {
+      // A rest this long is shared: the sender PUTs the lower part, the
+      // receiver GETs the upper one.
+      CHECK(r.sa.rndv_put_bytes > 0);
+      CHECK(r.sb.rndv_get_bytes > 0);
+      CHECK(r.sa.rndv_put_bytes + r.sb.rndv_get_bytes == rest);
+    }
+  }
+}
+
+TEST_CASE("stop_put: a long rest is shared between the sender's PUT and the receiver's GET; a short one is not") {
+  for (std::uint64_t size : {4 * protocol::rndv::kSplitMin + 9, protocol::rndv::kSplitMin / 2 + 9}) {
+    CAPTURE(size);
+    Rig r(Mode::stop_put, 4, 64, 0);
+    r.da.hold(1, true);
+    const std::uint8_t small[4] = {1, 2, 3, 4};
+    for (int i = 0; i < 3; ++i)
+      REQUIRE(r.ea.send({.dest = {0, 1}, .dispatch = 4, .payload = std::as_bytes(std::span(small))}).ok());
+    r.send(size);
+    r.carry(4);  // the three small ones and the first packet only
+    (void)r.eb.advance();
+    (void)r.eb.advance();
+    (void)r.ea.advance();
+    REQUIRE(r.sa.rndv_stopped == 1);
+    r.finish();
+    const std::uint64_t rest = size - r.first_payload();
+    if (rest >= protocol::rndv::kSplitMin) {
+      // The halves meet at a multiple of kSplitAlign about half-way; the
+      // receiver GETs from its stop on, and the sender's buffer is free only
+      // once the receiver acked.
+      const std::uint64_t put_end = r.first_payload() + r.sa.rndv_put_bytes;
+      CHECK(put_end % protocol::rndv::kSplitAlign == 0);
+      CHECK(r.sb.rndv_get_bytes == size - put_end);
+      CHECK(r.sa.rndv_put_bytes > rest / 2 - protocol::rndv::kSplitAlign);
+      CHECK(r.sa.rndv_put_bytes <= rest / 2);
+      CHECK(r.sb.messages_acked == 1);
+      CHECK(r.sa.messages_ack_received == 1);
+    } else {
+      CHECK(r.sa.rndv_put_bytes == rest);  // all of it by PUT; the fin settles it, no ack
+      CHECK(r.sb.rndv_get_bytes == 0);
+      CHECK(r.sb.messages_acked == 0);
+    }
   }
 }
 
@@ -288,7 +367,10 @@ TEST_CASE("STOP between eager packets: late ones are dropped by discard_get, kep
     } else {
       CHECK(r.sb.discarded_bytes == 0);
       if (mode == Mode::split_get) CHECK(r.sb.rndv_get_bytes == rest);
-      if (mode == Mode::stop_put) CHECK(r.sa.rndv_put_bytes == rest);
+      if (mode == Mode::stop_put) {  // (a long rest: shared with the receiver's GET)
+        CHECK(r.sa.rndv_put_bytes + r.sb.rndv_get_bytes == rest);
+        CHECK(r.sb.rndv_get_bytes > 0);
+      }
     }
   }
 }
@@ -296,7 +378,9 @@ TEST_CASE("STOP between eager packets: late ones are dropped by discard_get, kep
 TEST_CASE("STOP after the last eager packet: the sender answers with everything sent, nothing moves twice") {
   for (Mode mode : kModes) {
     CAPTURE(static_cast<int>(mode));
-    Rig r(mode, 64, 64, 0);
+    // (A sender that expects no stop does not pace its eager packets: all of
+    // them are in the FIFO before the receiver sees the first.)
+    Rig r(mode, 64, 64, 0, 75, std::uint64_t{1} << 40);
     r.da.hold(1, true);
     r.send(20000 + 1);  // every packet fits in the FIFO
     // (Eager packets go out a burst per pass of the work queue.)
@@ -316,7 +400,71 @@ TEST_CASE("STOP after the last eager packet: the sender answers with everything 
   }
 }
 
-TEST_CASE("a stop decided mid-message, when reception buffers run low, keeps what came (auto: split_get)") {
+TEST_CASE("a message its receiver will stop at the first packet has its eager packets paced by completions") {
+  for (Mode mode : {Mode::automatic, Mode::discard_get, Mode::split_get, Mode::stop_put}) {
+    CAPTURE(static_cast<int>(mode));
+    Rig r(mode, 64, 64, 0);  // every byte past the first packet is more than the crossover
+    r.da.hold(1, true);
+    r.send(64 * 1024 + 7);
+    // The FIFO has room for the whole message, but while nothing completes
+    // only the first packet and one more go in, however often the sender
+    // advances.
+    for (int i = 0; i < 10; ++i) (void)r.ea.advance();
+    const std::uint64_t second = 1000 - sizeof(wire::PacketHeader);  // (packets grow to the cell's 1000 bytes)
+    CHECK(r.sa.bytes_sent == r.first_payload() + second);
+    r.carry(1);            // the first packet's completion frees no room: one more is still in flight
+    for (int i = 0; i < 3; ++i) (void)r.ea.advance();
+    CHECK(r.sa.bytes_sent == r.first_payload() + 2 * second);
+    (void)r.eb.advance();  // the first packet: stop
+    (void)r.eb.advance();  // the STOP leaves
+    (void)r.ea.advance();  // STOP in: what was not injected never goes eagerly
+    CHECK(r.sa.rndv_stopped == 1);
+    r.finish();
+    CHECK(r.sb.rndv_late_bytes == 2 * second);
+    const std::uint64_t rest = r.source.size() - r.first_payload() - 2 * second;
+    if (mode == Mode::automatic || mode == Mode::stop_put) {
+      CHECK(r.sa.rndv_put_bytes + r.sb.rndv_get_bytes == rest);
+      CHECK(r.sa.rndv_put_bytes > 0);
+      CHECK(r.sb.rndv_get_bytes > 0);
+    }
+    if (mode == Mode::split_get) CHECK(r.sb.rndv_get_bytes == rest);
+    if (mode == Mode::discard_get) CHECK(r.sb.rndv_get_bytes == r.source.size());
+  }
+}
+
+TEST_CASE("paced eager packets still bring the whole message when its receiver does not stop it") {
+  // The sender expects a stop (its crossover is 0); the receiver takes
+  // everything eagerly (its crossover is 1 TiB).
+  Rig r(Mode::automatic, 64, 64, std::uint64_t{1} << 40, 75, std::uint64_t{0});
+  r.send(200 * 1000 + 11);
+  r.finish();
+  CHECK(r.sa.rndv_stopped == 0);
+  CHECK(r.sb.rndv_eager_complete == 1);
+  CHECK(r.sb.rndv_late_bytes == 0);
+  CHECK(r.sa.rndv_put_bytes == 0);
+  CHECK(r.sb.rndv_get_bytes == 0);
+}
+
+TEST_CASE("the STOP is injected while the first packet is handled, before the rest of the arrivals") {
+  Rig r(Mode::stop_put, 64, 64, 0);
+  r.source.assign(protocol::rndv::kSplitMin / 2, 7);  // (not shared with a GET: the STOP is all that goes)
+  device::Registration reg;
+  REQUIRE(r.ca.acquire(r.source.data(), r.source.size(), reg).ok());
+  const wire::PacketHeader h = wire::make_header(wire::PacketType::am_first, 3, (1ull << 63) | 1, r.source.size(),
+                                                 1, 8, 0, wire::kRendezvous);
+  std::vector<std::byte> p(sizeof h + wire::RendezvousInfo::kBytes + 8);
+  std::memcpy(p.data(), &h, sizeof h);
+  wire::RendezvousInfo{reg.key, reinterpret_cast<std::uintptr_t>(r.source.data())}.encode(p.data() + sizeof h);
+  device::Lane* back = r.db.lane({0, 0});
+  REQUIRE(back != nullptr);
+  const std::uint64_t before = back->fifo().injected();
+  r.eb.on_packet({0, 0}, p);  // as a device hands it over, inside progress()
+  CHECK(r.sb.rndv_stops_by_mode[2] == 1);
+  CHECK(back->fifo().injected() == before + 1);  // already on its way, not left for the end of the poll
+  r.ca.release(reg);
+}
+
+TEST_CASE("a stop decided mid-message, when reception buffers run low, keeps what came (auto: stop_put)") {
   Rig r(Mode::automatic, 64, 8, std::uint64_t{1} << 40, 50);
   r.da.hold(1, true);
   r.send(64 * 1024);
@@ -327,9 +475,24 @@ TEST_CASE("a stop decided mid-message, when reception buffers run low, keeps wha
   r.carry(5);
   (void)r.eb.advance();  // 5 of 8 cells in use at the second packet: stop
   CHECK(r.sb.rndv_stops_by_reason[2] == 1);  // reception_low
-  CHECK(r.sb.rndv_stops_by_mode[1] == 1);    // split_get
+  CHECK(r.sb.rndv_stops_by_mode[2] == 1);    // stop_put: the sender moves the rest
   r.finish();
   CHECK(r.sb.discarded_bytes == 0);
+  CHECK(r.sa.rndv_put_bytes > 0);
+}
+
+TEST_CASE("after the first packet the receiver asks the policy only while reception pressure could stop it") {
+  Rig r(Mode::automatic, 64, 64, std::uint64_t{1} << 40);  // never stopped for its size
+  constexpr std::uint64_t kSize = 8000;  // packets of 416 B, then 960 B
+  r.send(kSize);
+  r.finish();
+  // Asked at the first packet and at each later one that leaves at least
+  // kPressureMin to come: 7584, 6624, 5664, 4704 bytes; not at 3744 and after.
+  std::uint64_t asked = 0;
+  for (std::uint64_t left = kSize - r.first_payload(); left >= protocol::rndv::kPressureMin; left -= 960) ++asked;
+  CHECK(asked == 4);
+  CHECK(r.sb.rndv_decisions == asked);
+  CHECK(r.sb.rndv_eager_complete == 1);
 }
 
 TEST_CASE("rendezvous packets that name nothing live are dropped and counted") {
