@@ -15,7 +15,10 @@
 # usage: bench/rxe_vs_perftest.sh [build-dir]
 #        (ROUNDS=5 LAT_ITERS=1000 BW_ITERS=5000 BW_ITERS_LARGE=1000
 #         SIZES="2 4096 65536" OUT_DIR=<build-dir>/bench-results to change;
-#         BW_ITERS_LARGE is for sizes above 4 KiB)
+#         BW_ITERS_LARGE is for sizes above 4 KiB;
+#         BASELINE=<build-dir>: another build of ami, an earlier tree, whose
+#         tools run in the same rounds next to this build's; the table then
+#         has a column this/baseline, higher is better: latency baseline/this)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -25,6 +28,7 @@ LAT_ITERS=${LAT_ITERS:-1000}
 BW_ITERS=${BW_ITERS:-5000}
 BW_ITERS_LARGE=${BW_ITERS_LARGE:-1000}
 SIZES=${SIZES:-2 4096 65536}
+BASELINE=${BASELINE:-}
 PORT=${PORT:-19100}
 RUN_TIMEOUT=120
 
@@ -57,11 +61,18 @@ host_main() {
   for pair in "${PAIRS[@]}"; do tools+=("tools/${pair%% *}"); done
   meson compile -C "$BUILD" "${tools[@]}" >/dev/null
   build=$(cd "$BUILD" && pwd)
+  local base="" shares=(--share "$PWD" --share "$build")
+  if [[ -n $BASELINE ]]; then
+    [[ -f "$BASELINE/build.ninja" ]] || meson setup "$BASELINE" >/dev/null
+    meson compile -C "$BASELINE" "${tools[@]}" >/dev/null
+    base=$(cd "$BASELINE" && pwd)
+    shares+=(--share "$base")
+  fi
   mkdir -p "$OUT_DIR"
   rm -f "$OUT_DIR"/rxe_vs_perftest_{bw,lat}.{dat,png}
   # The VM passes only AMI_* variables on: the settings go as arguments.
-  tests/rxe/ami-vm --timeout 3000 --share "$PWD" --share "$build" -- "$PWD/bench/rxe_vs_perftest.sh" "$build" \
-    "$ROUNDS" "$LAT_ITERS" "$BW_ITERS" "$BW_ITERS_LARGE" "$SIZES" | tee "$OUT_DIR/rxe_vs_perftest.txt" || rc=$?
+  tests/rxe/ami-vm --timeout 3000 "${shares[@]}" -- "$PWD/bench/rxe_vs_perftest.sh" "$build" \
+    "$ROUNDS" "$LAT_ITERS" "$BW_ITERS" "$BW_ITERS_LARGE" "$SIZES" "$base" | tee "$OUT_DIR/rxe_vs_perftest.txt" || rc=$?
   plot bw "bandwidth, average [MiB/s]" "ami vs perftest on soft-RoCE (rxe0): bandwidth"
   plot lat "latency, t_typical [usec]" "ami vs perftest on soft-RoCE (rxe0): latency"
   return "$rc"
@@ -108,10 +119,10 @@ perftest() {
   awk -v s="$size" '$1 == s' "$out.client"
 }
 
-# ami TOOL SIZE ITERS -> the result row (both sides from one command)
+# ami TOOL SIZE ITERS [BUILD] -> the result row (both sides from one command)
 ami() {
-  local tool=$1 size=$2 iters=$3 out
-  out=$(AMI_VERBS_CM=off timeout "$RUN_TIMEOUT" "$BUILD/tools/$tool" --local -d "$device" -x "$RXE_GID_INDEX" \
+  local tool=$1 size=$2 iters=$3 build=${4:-$BUILD} out
+  out=$(AMI_VERBS_CM=off timeout "$RUN_TIMEOUT" "$build/tools/$tool" --local -d "$device" -x "$RXE_GID_INDEX" \
         -s "$size" -n "$iters" -p "$PORT" 2>&1) || echo "$tool -s $size failed: $(tail -3 <<<"$out")" >&2
   PORT=$((PORT + 1))
   awk -v s="$size" '$1 == s' <<<"$out"
@@ -132,28 +143,35 @@ one_round() {
       [[ $a == *_lat ]] && iters=$LAT_ITERS
       add "$a/$size" "$(ami "$a" "$size" "$iters" | figure "$a" "$size")"
       add "$p/$size" "$(perftest "$p" "$size" "$iters" | figure "$p" "$size")"
+      [[ -z $BASELINE ]] || add "base:$a/$size" "$(ami "$a" "$size" "$iters" "$BASELINE" | figure "$a" "$size")"
     done
   done
 }
 
 vm_main() {
-  BUILD=$1 ROUNDS=$2 LAT_ITERS=$3 BW_ITERS=$4 BW_ITERS_LARGE=$5 SIZES=$6
-  local r pair a p target size ma mp
+  BUILD=$1 ROUNDS=$2 LAT_ITERS=$3 BW_ITERS=$4 BW_ITERS_LARGE=$5 SIZES=$6 BASELINE=${7:-}
+  local r pair a p target size ma mp mb
   echo "# ami vs perftest on $device (soft-RoCE in a TCG VM), GID index $RXE_GID_INDEX"
   echo "# $ROUNDS interleaved rounds, medians; bandwidth: average [MiB/s]; latency: t_typical [usec]"
   for ((r = 1; r <= ROUNDS; r++)); do
     echo "# round $r" >&2
     one_round
   done
-  printf '%-14s %8s %12s %12s %10s   %s\n' test bytes ami perftest ami/perf target
+  [[ -z $BASELINE ]] || echo "# baseline: $BASELINE (this/base: higher is better for this build)"
+  printf '%-14s %8s %12s %12s %10s   %-8s' test bytes ami perftest ami/perf target
+  [[ -z $BASELINE ]] && echo || printf ' %12s %9s\n' baseline this/base
   for pair in "${PAIRS[@]}"; do
     read -r a p target <<<"$pair"
     for size in $SIZES; do
       ma=$(printf '%s' "${samples[$a/$size]:-}" | median)
       mp=$(printf '%s' "${samples[$p/$size]:-}" | median)
-      awk -v t="$a" -v s="$size" -v a="$ma" -v p="$mp" -v g="$target" 'BEGIN {
+      mb=$(printf '%s' "${samples[base:$a/$size]:-}" | median)
+      awk -v t="$a" -v s="$size" -v a="$ma" -v p="$mp" -v g="$target" -v b="$mb" -v base="${BASELINE:+1}" 'BEGIN {
         r = (p + 0 > 0 && a + 0 > 0) ? sprintf("%.3f", a / p) : "n/a"
-        printf "%-14s %8d %12s %12s %10s   %s\n", t, s, a, p, r, g }'
+        printf "%-14s %8d %12s %12s %10s   %-8s", t, s, a, p, r, g
+        if (!base) { print ""; exit }
+        q = (b + 0 > 0 && a + 0 > 0) ? sprintf("%.3f", t ~ /_lat$/ ? b / a : a / b) : "n/a"
+        printf " %12s %9s\n", b, q }'
     done
   done
 }

@@ -18,6 +18,10 @@
 #        SIZES="8 64 ... 1048576"       the sweep's sizes ("" leaves it out)
 #        SWEEP_BYTES=268435456          bytes per bandwidth run of the sweep
 #        OUT_DIR=<build-dir>/bench-results
+#        BASELINE=<build-dir>           another build of ami (an earlier tree):
+#                                       its tools run in the same rounds, next
+#                                       to this build's, and a last table gives
+#                                       this/baseline for every ami figure
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -28,6 +32,7 @@ BW_ITERS=${BW_ITERS:-2000}
 SIZES=${SIZES-8 64 512 4096 32768 262144 1048576}
 SWEEP_BYTES=${SWEEP_BYTES:-268435456}
 OUT_DIR=${OUT_DIR:-$BUILD/bench-results}
+BASELINE=${BASELINE:-}
 PORT=${PORT:-19000}
 SERVER_CPU=0
 CLIENT_CPU=$(( $(nproc) > 1 ? 1 : 0 ))
@@ -44,9 +49,9 @@ ensure_packages() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
-ensure_build() {
-  [[ -f "$BUILD/build.ninja" ]] || meson setup "$BUILD" >/dev/null
-  meson compile -C "$BUILD" tools/ami_info tools/ami_send_lat tools/ami_send_bw tools/ami_write_bw \
+ensure_build() {  # ensure_build DIR
+  [[ -f "$1/build.ninja" ]] || meson setup "$1" >/dev/null
+  meson compile -C "$1" tools/ami_info tools/ami_send_lat tools/ami_send_bw tools/ami_write_bw \
     tools/ami_read_bw >/dev/null
 }
 
@@ -66,10 +71,17 @@ pair() {
   printf '%s\n' "$out"
 }
 
-ami() {  # ami TOOL SIZE ITERS -> the tool's result row
-  local tool=$1 size=$2 iters=$3
-  pair "$BUILD/tools/$tool" -s "$size" -n "$iters" -p "$PORT" -- \
-       "$BUILD/tools/$tool" -s "$size" -n "$iters" -p "$PORT" 127.0.0.1 | awk -v s="$size" '$1 == s'
+ami() {  # ami TOOL SIZE ITERS [BUILD] -> the tool's result row
+  local tool=$1 size=$2 iters=$3 build=${4:-$BUILD}
+  pair "$build/tools/$tool" -s "$size" -n "$iters" -p "$PORT" -- \
+       "$build/tools/$tool" -s "$size" -n "$iters" -p "$PORT" 127.0.0.1 | awk -v s="$size" '$1 == s'
+}
+
+# base KEY TOOL SIZE ITERS COLUMN: with a BASELINE, the same figure from its
+# tools, under base_KEY.
+base() {
+  [[ -n $BASELINE ]] || return 0
+  add "base_$1" "$(ami "$2" "$3" "$4" "$BASELINE" | awk -v c="$5" '{print (c == "rate") ? $5 * 1e6 : $c}')"
 }
 
 ucx() {  # ucx TEST SIZE ITERS -> ucx_perftest's Final line
@@ -110,6 +122,10 @@ sweep_round() {
     add "put_ucx/$size"  "$(ucx ucp_put_bw "$size" "$bi" | awk '{print $7}')"
     add "get_ami/$size"  "$(ami ami_read_bw "$size" "$bi" | awk '{print $4}')"
     add "get_ucx/$size"  "$(ucx ucp_get "$size" "$bi" | awk '{print $7}')"
+    base "lat_ami/$size" ami_send_lat "$size" "$li" 5
+    base "bw_ami/$size" ami_send_bw "$size" "$bi" 4
+    base "put_ami/$size" ami_write_bw "$size" "$bi" 4
+    base "get_ami/$size" ami_read_bw "$size" "$bi" 4
   done
 }
 
@@ -144,6 +160,34 @@ one_round() {
   add ucx_put1m  "$(ucx ucp_put_bw 1048576 "$BW_ITERS" | awk '{print $7}')"
   add ami_get1m  "$(ami ami_read_bw 1048576 "$BW_ITERS" | awk '{print $4}')"
   add ucx_get1m  "$(ucx ucp_get 1048576 "$BW_ITERS" | awk '{print $7}')"
+  base ami_lat8 ami_send_lat 8 "$LAT_ITERS" 5
+  base ami_rate8 ami_send_bw 8 "$RATE_ITERS" rate
+  base ami_bw1m ami_send_bw 1048576 "$BW_ITERS" 4
+  base ami_put1m ami_write_bw 1048576 "$BW_ITERS" 4
+  base ami_get1m ami_read_bw 1048576 "$BW_ITERS" 4
+}
+
+# baseline_table: this build against BASELINE, every ami figure: both
+# medians and this/baseline ("higher is better": latency baseline/this).
+baseline_table() {
+  local key label lower a b size
+  echo "# this build against the baseline ($BASELINE), same rounds; ratio: higher is better for this build"
+  printf '%-34s %14s %14s %9s\n' figure this baseline ratio
+  local figures=("ami_lat8:AM latency 8 B [usec]:1" "ami_rate8:AM message rate 8 B [msg/s]:0"
+                 "ami_bw1m:AM bandwidth 1 MiB [MiB/s]:0" "ami_put1m:PUT bandwidth 1 MiB [MiB/s]:0"
+                 "ami_get1m:GET bandwidth 1 MiB [MiB/s]:0")
+  for size in $SIZES; do
+    figures+=("lat_ami/$size:AM latency $size B [usec]:1" "bw_ami/$size:AM bandwidth $size B [MiB/s]:0"
+              "put_ami/$size:PUT bandwidth $size B [MiB/s]:0" "get_ami/$size:GET bandwidth $size B [MiB/s]:0")
+  done
+  for spec in "${figures[@]}"; do
+    IFS=: read -r key label lower <<<"$spec"
+    a=$(printf '%s' "${samples[$key]:-}" | grep . | median)
+    b=$(printf '%s' "${samples[base_$key]:-}" | grep . | median)
+    awk -v l="$label" -v a="$a" -v b="$b" -v lo="$lower" 'BEGIN {
+      r = (a > 0 && b > 0) ? (lo ? b / a : a / b) : 0
+      printf "%-34s %14.3f %14.3f %9.3f\n", l, a, b, r }'
+  done
 }
 
 row() {  # row LABEL AMI-KEY PEER-KEY PEER-NAME TARGET LOWER_IS_BETTER
@@ -178,11 +222,16 @@ report() {
   echo "# bandwidth by size [MiB/s]: ami_*_bw average, ucx_perftest overall"
   sweep_table "$OUT_DIR/shm_peers_bw.dat" bw_ami:ami_AM bw_ucx:UCX_AM put_ami:ami_PUT put_ucx:UCX_PUT \
     get_ami:ami_GET get_ucx:UCX_GET
+  if [[ -n $BASELINE ]]; then
+    echo
+    baseline_table
+  fi
 }
 
 main() {
   ensure_packages
-  ensure_build
+  ensure_build "$BUILD"
+  [[ -z $BASELINE ]] || ensure_build "$BASELINE"
   mkdir -p "$OUT_DIR"
   rm -f "$OUT_DIR"/shm_peers_{lat,bw}.{dat,png}
   report | tee "$OUT_DIR/shm_peers.txt"
