@@ -11,16 +11,11 @@ namespace ami::shm {
 
 namespace {
 
-std::uint32_t u32(const Config& c, ParamName name) { return static_cast<std::uint32_t>(c.number(name)); }
-
 class ShmBackend final : public device::Backend {
  public:
   explicit ShmBackend(const device::BackendSetup& s)
-      : domain_(s.task, s.tasks, s.contexts,
-                DomainOptions{u32(s.config, "AMI_SHM_RING_DEPTH"), u32(s.config, "AMI_SHM_CELL_SIZE"),
-                              s.config.flag("AMI_SHM_CMA"), u32(s.config, "AMI_SHM_STALL_TIMEOUT")},
-                s.regions),
-        ring_(s.config.text("AMI_SHM_RING_DEPTH") + " x " + s.config.text("AMI_SHM_CELL_SIZE") + " B") {}
+      : domain_(s.task, s.tasks, s.contexts, Options::from(s.config), s.regions),
+        ring_(s.config.text(Param("AMI_SHM_RING_DEPTH")) + " x " + s.config.text(Param("AMI_SHM_CELL_SIZE")) + " B") {}
 
   std::string_view name() const override { return "shm"; }
 
@@ -76,8 +71,8 @@ class ShmBackend final : public device::Backend {
 
 // The own segment's rings (the peers' segments are mapped, not allocated).
 std::vector<device::MemoryDemand> memory(const Config& c, std::uint16_t contexts) {
-  return {device::MemoryDemand::queues("shared-memory rings", c, "AMI_SHM_RING_DEPTH", "AMI_SHM_CELL_SIZE",
-                                       contexts)};
+  return {device::MemoryDemand::queues("shared-memory rings", c, Param("AMI_SHM_RING_DEPTH"),
+                                       Param("AMI_SHM_CELL_SIZE"), contexts)};
 }
 
 }  // namespace
@@ -85,6 +80,7 @@ std::vector<device::MemoryDemand> memory(const Config& c, std::uint16_t contexts
 const device::BackendInfo& backend_info() {
   static const device::BackendInfo info{
       .name = "shm",
+      .params = kParams,
       .max_contexts = kMaxContexts,
       .open = [](const device::BackendSetup& s) -> std::unique_ptr<device::Backend> {
         return std::make_unique<ShmBackend>(s);

@@ -17,18 +17,12 @@
 
 #include "ami/device/region_table.hpp"
 #include "shm_backend/segment.hpp"
+#include "shm_backend/shm_config.hpp"
 
 namespace ami::shm {
 
-struct DomainOptions {
-  std::uint32_t queue_depth = 256;
-  std::uint32_t cell_bytes = 256;
-  bool cma = true;  // false forces the pipelined copy through the rings
-  // After a peer failed: how long the next cell of a context's ring may stay
-  // reserved and uncommitted before the context skips it (its producer most
-  // likely died holding it).
-  std::uint32_t stall_timeout_ms = 1000;
-};
+// The domain's options: the shm backend's settings (shm_config.hpp).
+using DomainOptions = Options;
 
 // What a peer announces about its segment (from its address blob).
 struct PeerAddress {

@@ -1,6 +1,6 @@
 // ami_info — what this build of ami offers on this machine, and its
 // configuration (-c): every AMI_* variable with its default, current value
-// and documentation.
+// and documentation, under the component that declares it.
 #include <unistd.h>
 
 #include <cstdio>
@@ -11,25 +11,33 @@
 
 namespace {
 
+// One row: its documentation, default and bounds as comments, then its
+// current value.
+void print_row(const ami::Config& config, const ami::ParamSpec& p) {
+  std::printf("#\n# %.*s\n", static_cast<int>(p.doc.size()), p.doc.data());
+  std::printf("# default: %.*s\n", static_cast<int>(p.default_value.size()), p.default_value.data());
+  if (p.type == ami::ParamType::choice)
+    std::printf("# one of: %.*s\n", static_cast<int>(p.choices.size()), p.choices.data());
+  else if (p.type != ami::ParamType::text && p.type != ami::ParamType::boolean)
+    std::printf("# range: %llu..%llu%s\n", static_cast<unsigned long long>(p.min),
+                static_cast<unsigned long long>(p.max),
+                p.type == ami::ParamType::power_of_two ? ", a power of two" : "");
+  if (p.allows_auto) std::printf("# or auto\n");
+  const std::string& value = config.text(p);
+  const std::string_view origin = config.origin(p);
+  const char* shown = p.secret && !value.empty() ? "(set, not shown)" : value.c_str();
+  std::printf("%.*s=%s%s\n", static_cast<int>(p.name.size()), p.name.data(), shown,
+              origin == "environment" ? "   # from the environment" : "");
+}
+
+// Every component's rows under a heading with its name.
 void print_config() {
   std::vector<std::string> warnings;
   const ami::Config config = ami::Config::from_environment(environ, warnings);
   for (const std::string& w : warnings) std::printf("# warning: %s\n", w.c_str());
-  for (const ami::ParamSpec& p : ami::config_table()) {
-    std::printf("#\n# %.*s\n", static_cast<int>(p.doc.size()), p.doc.data());
-    std::printf("# default: %.*s\n", static_cast<int>(p.default_value.size()), p.default_value.data());
-    if (p.type == ami::ParamType::choice)
-      std::printf("# one of: %.*s\n", static_cast<int>(p.choices.size()), p.choices.data());
-    else if (p.type != ami::ParamType::text && p.type != ami::ParamType::boolean)
-      std::printf("# range: %llu..%llu%s\n", static_cast<unsigned long long>(p.min),
-                  static_cast<unsigned long long>(p.max),
-                  p.type == ami::ParamType::power_of_two ? ", a power of two" : "");
-    if (p.allows_auto) std::printf("# or auto\n");
-    const std::string& value = config.text(p);
-    const std::string_view origin = config.origin(p);
-    const char* shown = p.secret && !value.empty() ? "(set, not shown)" : value.c_str();
-    std::printf("%.*s=%s%s\n", static_cast<int>(p.name.size()), p.name.data(), shown,
-                origin == "environment" ? "   # from the environment" : "");
+  for (const ami::ParamGroup& g : ami::config_groups()) {
+    std::printf("#\n# ---- %.*s ----\n", static_cast<int>(g.component.size()), g.component.data());
+    for (const ami::ParamSpec& p : g.rows) print_row(config, p);
   }
 }
 

@@ -7,43 +7,54 @@
 #include <algorithm>
 #include <bit>
 
+#include "ami/device/descriptor.hpp"
 #include "ami/error.hpp"
 #include "verbs_backend/verbs_device.hpp"
 #include "verbs_backend/verbs_domain.hpp"
 
 namespace ami::verbs {
 
+static_assert(Param("AMI_VERBS_BOUNCE_SIZE").spec().min >= device::kPacketInlineBytes,
+              "a verbs receive buffer must hold a descriptor's inline bytes");
+
+VerbsOptions VerbsOptions::from(const Config& c) {
+  auto u32 = [&c](Param p) { return static_cast<std::uint32_t>(c.number(p)); };
+  VerbsOptions v;
+  v.net_devices = c.text(Param("AMI_NET_DEVICES"));
+  if (auto gid = c.number_or_auto(Param("AMI_VERBS_GID_INDEX"))) v.gid_index = static_cast<int>(*gid);
+  if (auto cm = c.number_or_auto(Param("AMI_VERBS_CM"))) v.use_rdma_cm = *cm != 0;
+  // IBV_MTU_256 is 1, and each enumerator doubles the bytes: 256 = 2^8.
+  if (auto mtu = c.number_or_auto(Param("AMI_VERBS_MTU")))
+    v.mtu_cap = static_cast<ibv_mtu>(std::countr_zero(*mtu) - 7);
+  v.sq_depth = u32("AMI_VERBS_SQ_DEPTH");
+  if (auto depth = c.number_or_auto(Param("AMI_VERBS_SRQ_DEPTH"))) v.srq_depth = static_cast<std::uint32_t>(*depth);
+  v.signal_interval = u32("AMI_VERBS_SIGNAL_INTERVAL");
+  v.doorbell_batch = u32("AMI_VERBS_DOORBELL_BATCH");
+  if (auto max_rdma = c.number_or_auto(Param("AMI_VERBS_MAX_RDMA"))) v.max_rdma = *max_rdma;
+  if (auto bounce = c.number_or_auto(Param("AMI_VERBS_BOUNCE_SIZE")))
+    v.bounce_bytes = static_cast<std::uint32_t>(*bounce);
+  if (auto inline_bytes = c.number_or_auto(Param("AMI_VERBS_MAX_INLINE")))
+    v.max_inline = static_cast<std::uint32_t>(*inline_bytes);
+  v.immediate = c.flag(Param("AMI_VERBS_IMMEDIATE"));
+  v.timeout = static_cast<std::uint8_t>(c.number(Param("AMI_VERBS_TIMEOUT")));
+  v.retry_count = static_cast<std::uint8_t>(c.number(Param("AMI_VERBS_RETRY_COUNT")));
+  return v;
+}
+
 namespace {
 
-std::uint32_t u32(const Config& c, ParamName name) { return static_cast<std::uint32_t>(c.number(name)); }
-
-// The table checked every value (ranges, "auto"); only the types change here.
-VerbsOptions verbs_options(const Config& c) {
-  VerbsOptions v;
-  v.net_devices = c.text("AMI_NET_DEVICES");
-  if (auto gid = c.number_or_auto("AMI_VERBS_GID_INDEX")) v.gid_index = static_cast<int>(*gid);
-  if (auto cm = c.number_or_auto("AMI_VERBS_CM")) v.use_rdma_cm = *cm != 0;
-  // IBV_MTU_256 is 1, and each enumerator doubles the bytes: 256 = 2^8.
-  if (auto mtu = c.number_or_auto("AMI_VERBS_MTU"))
-    v.mtu_cap = static_cast<ibv_mtu>(std::countr_zero(*mtu) - 7);
-  v.sq_depth = std::max(u32(c, "AMI_VERBS_SQ_DEPTH"), u32(c, "AMI_FIFO_DEPTH") + 1);
-  if (auto depth = c.number_or_auto("AMI_VERBS_SRQ_DEPTH")) v.srq_depth = static_cast<std::uint32_t>(*depth);
-  v.signal_interval = u32(c, "AMI_VERBS_SIGNAL_INTERVAL");
-  v.doorbell_batch = u32(c, "AMI_VERBS_DOORBELL_BATCH");
-  if (auto max_rdma = c.number_or_auto("AMI_VERBS_MAX_RDMA")) v.max_rdma = *max_rdma;
-  if (auto bounce = c.number_or_auto("AMI_VERBS_BOUNCE_SIZE")) v.bounce_bytes = static_cast<std::uint32_t>(*bounce);
-  if (auto inline_bytes = c.number_or_auto("AMI_VERBS_MAX_INLINE"))
-    v.max_inline = static_cast<std::uint32_t>(*inline_bytes);
-  v.immediate = c.number("AMI_VERBS_IMMEDIATE") != 0;
-  v.timeout = static_cast<std::uint8_t>(c.number("AMI_VERBS_TIMEOUT"));
-  v.retry_count = static_cast<std::uint8_t>(c.number("AMI_VERBS_RETRY_COUNT"));
+// The options for a task's domain: a send queue holds a lane's whole
+// injection FIFO and the retire probe.
+VerbsOptions domain_options(const device::BackendSetup& s) {
+  VerbsOptions v = VerbsOptions::from(s.config);
+  v.sq_depth = std::max(v.sq_depth, s.fifo_depth + 1);
   return v;
 }
 
 class VerbsBackend final : public device::Backend {
  public:
   explicit VerbsBackend(const device::BackendSetup& s)
-      : domain_(s.task, s.tasks, s.contexts, verbs_options(s.config), s.regions) {}
+      : domain_(s.task, s.tasks, s.contexts, domain_options(s), s.regions) {}
 
   std::string_view name() const override { return "verbs"; }
   std::vector<std::byte> local_address() const override { return domain_.local_address(); }
@@ -109,13 +120,14 @@ std::string inventory() {
 // on a NIC or (128, 128 KiB) on a software device: the larger of what each
 // could be.
 std::vector<device::MemoryDemand> memory(const Config& c, std::uint16_t contexts) {
-  const auto depth = c.number_or_auto("AMI_VERBS_SRQ_DEPTH");
-  const auto bounce = c.number_or_auto("AMI_VERBS_BOUNCE_SIZE");
+  const auto depth = c.number_or_auto(Param("AMI_VERBS_SRQ_DEPTH"));
+  const auto bounce = c.number_or_auto(Param("AMI_VERBS_BOUNCE_SIZE"));
   const std::uint64_t per_context = !depth && !bounce
                                         ? std::uint64_t{128} * (128 << 10)
                                         : device::MemoryDemand::times(depth.value_or(512), bounce.value_or(128 << 10));
   return {{"verbs receive buffers: AMI_VERBS_SRQ_DEPTH x AMI_VERBS_BOUNCE_SIZE x contexts",
-           c.text("AMI_VERBS_SRQ_DEPTH") + " x " + c.text("AMI_VERBS_BOUNCE_SIZE") + " x " + std::to_string(contexts),
+           c.text(Param("AMI_VERBS_SRQ_DEPTH")) + " x " + c.text(Param("AMI_VERBS_BOUNCE_SIZE")) + " x " +
+               std::to_string(contexts),
            device::MemoryDemand::times(per_context, contexts)}};
 }
 
@@ -124,8 +136,9 @@ std::vector<device::MemoryDemand> memory(const Config& c, std::uint16_t contexts
 const device::BackendInfo& backend_info() {
   static const device::BackendInfo info{
       .name = "verbs",
+      .params = kParams,
       .available = [](const Config& c, std::string* why) {
-        return VerbsDomain::available(why, c.text("AMI_NET_DEVICES"));
+        return VerbsDomain::available(why, c.text(Param("AMI_NET_DEVICES")));
       },
       .open = [](const device::BackendSetup& s) -> std::unique_ptr<device::Backend> {
         return std::make_unique<VerbsBackend>(s);

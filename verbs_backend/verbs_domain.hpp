@@ -35,33 +35,45 @@
 #include "ami/device/region_table.hpp"
 #include "ami/status.hpp"
 #include "verbs_backend/verbs_address.hpp"
+#include "verbs_backend/verbs_config.hpp"
 #include "verbs_backend/verbs_resources.hpp"
 
 namespace ami::verbs {
 
+// The settings with a row in verbs_config.hpp take their defaults from it
+// (auto is 0, -1 or unset below); from() reads them from a Config.
 struct VerbsOptions {
   std::string net_devices;        // "rxe0:1" or "mlx5_0:1,mlx5_1" (AMI_NET_DEVICES); "" = first active port
   int gid_index = -1;             // -1: automatic (RoCE: the RoCE v2 IPv4-mapped GID; IB: LID routing)
-  std::uint32_t sq_depth = 256;   // send WRs per QP: injection FIFO depth + 1 (the retire probe)
+  // Send WRs per QP: at least the injection FIFO depth + 1 (the retire probe).
+  std::uint32_t sq_depth = Param("AMI_VERBS_SQ_DEPTH").default_as<std::uint32_t>();
   std::uint32_t srq_depth = 0;    // receive buffers per context; 0: by the device's kind (see receive_shape())
   std::uint32_t cq_depth = 2048;  // lower bound; raised to what the queues need, up to the device's max_cqe
-  std::uint32_t signal_interval = 16;        // one signalled send WR in this many
-  std::uint32_t doorbell_batch = 16;         // ring(): after a lane's first post since progress(), post this many at once
+  // One signalled send WR in this many.
+  std::uint32_t signal_interval = Param("AMI_VERBS_SIGNAL_INTERVAL").default_as<std::uint32_t>();
+  // ring(): after a lane's first post since progress(), post this many at once.
+  std::uint32_t doorbell_batch = Param("AMI_VERBS_DOORBELL_BATCH").default_as<std::uint32_t>();
   std::uint32_t bounce_bytes = 0;            // receive buffer size = largest packet; 0: by the device's kind
   std::optional<std::uint32_t> max_inline;   // unset: the most the device takes (probed at the first QP); 0: never inline
   ibv_mtu mtu_cap = IBV_MTU_4096;            // path MTU at most this (and the port's active MTU)
   std::optional<std::uint64_t> max_rdma;     // largest RDMA WRITE or READ per work request; unset: the port's max_msg_sz
   std::optional<bool> use_rdma_cm;           // unset: rdma_cm on RoCE, address exchange on InfiniBand
-  bool immediate = true;                     // packets with a compact form go as SEND with immediate
+  bool immediate = Param("AMI_VERBS_IMMEDIATE").default_as<bool>();  // packets with a compact form go as SEND with immediate
   std::uint32_t staging_bytes = 64 * 1024;   // per lane: registered ring packet payloads are copied into (at least 2 x bounce_bytes)
   std::uint32_t connect_timeout_ms = 30000;  // rdma_cm: for all lanes to one peer
   // Transport retries before IBV_WC_RETRY_EXC_ERR. Not 7: soft-RoCE takes 7
   // as "retry forever" (as the spec has it for rnr_retry only), so a dead
   // peer would never fail its lane there; 6 x 67 ms finds one in about 0.5 s.
-  std::uint8_t retry_count = 6;
+  std::uint8_t retry_count = Param("AMI_VERBS_RETRY_COUNT").default_as<std::uint8_t>();
   std::uint8_t rnr_retry = 7;                // 7: retry forever while the peer's SRQ is empty
-  std::uint8_t timeout = 14;                 // local ACK timeout, 4.096 us * 2^timeout
+  // Local ACK timeout, 4.096 us * 2^timeout.
+  std::uint8_t timeout = Param("AMI_VERBS_TIMEOUT").default_as<std::uint8_t>();
   std::uint8_t min_rnr_timer = 12;           // 12: 0.64 ms between RNR retries
+
+  // The rows' values; the table checked every value (ranges, "auto"), only
+  // the types change here.
+  static VerbsOptions from(const Config& c);
+  bool operator==(const VerbsOptions&) const = default;
 };
 
 // The port in use, as found at setup.

@@ -8,6 +8,7 @@
 
 #include "ami/client.hpp"
 #include "ami/error.hpp"
+#include "protocol/protocol_config.hpp"
 
 namespace ami::coll {
 
@@ -29,8 +30,8 @@ Engine::Engine(Context& context, std::uint16_t dispatch)
       dispatch(dispatch),
       task(context.client().task()),
       job_size(context.client().size()),
-      eager_max(context.client().config().number("AMI_COLL_EAGER_MAX")),
-      ring_min(context.client().config().number("AMI_COLL_RING_MIN")) {
+      eager_max(protocol::Options::from(context.client().config()).coll_eager_max),
+      ring_min(protocol::Options::from(context.client().config()).coll_ring_min) {
   if (job_size > kMaxGeometry) throw Error("Collectives: more than 32768 tasks in the job");
   immediate_.assign(job_size, 0);
   if (Status s = context.set_dispatch(dispatch, {&Engine::on_message, this}); !s.ok())

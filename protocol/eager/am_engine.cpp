@@ -38,9 +38,9 @@ constexpr std::uint64_t kEagerWindow = 2;
 AmEngine::AmEngine(Shape shape, ContextStats& stats)
     : shape_(shape),
       stats_(stats),
-      pool_(shape.max_requests),
-      inbound_(shape.max_requests),
-      acks_(shape.tasks * shape.contexts, shape.ack_idle_threshold, shape.ack_max_unacked) {
+      pool_(shape.options.max_requests),
+      inbound_(shape.options.max_requests),
+      acks_(shape.tasks * shape.contexts, shape.options.ack_idle_threshold, shape.options.ack_max_unacked) {
   peers_.resize(std::size_t{shape.tasks} * shape.contexts);
   for (std::uint32_t t = 0; t < shape.tasks; ++t)
     for (std::uint16_t c = 0; c < shape.contexts; ++c) {
@@ -321,7 +321,7 @@ bool AmEngine::inject_send(Peer& peer, Request& r) {
       }
       finish_packet(*d, k, {r.payload, n}, r.rndv ? &r.registration : nullptr);
       r.eager_mark = lane.fifo().injected();
-      r.paced = r.rndv && r.total - n > shape_.rndv_crossover.value_or(lane.rdma_crossover());
+      r.paced = r.rndv && r.total - n > shape_.options.rndv_crossover.value_or(lane.rdma_crossover());
     }
     r.started = true;
     r.sent += n;

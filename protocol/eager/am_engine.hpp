@@ -49,6 +49,7 @@
 #include "protocol/ack/ack_dispatcher.hpp"
 #include "protocol/eager/packet_build.hpp"
 #include "protocol/eager/request_pool.hpp"
+#include "protocol/protocol_config.hpp"
 #include "protocol/rndv/policy.hpp"
 #include "protocol/wire/packet.hpp"
 
@@ -58,14 +59,8 @@ class AmEngine final : public device::PacketSink {
  public:
   struct Shape {
     std::uint32_t tasks = 1;
-    std::uint16_t contexts = 1;      // per task
-    std::uint32_t max_requests = 1024;
-    rndv::Mode rndv_mode = rndv::Mode::automatic;   // AMI_RNDV_MODE
-    std::optional<std::uint64_t> rndv_crossover;    // AMI_RNDV_CROSSOVER; unset: the lane's
-    unsigned rndv_low_water = 75;                   // AMI_RNDV_LOW_WATER
-    unsigned ack_idle_threshold = 8;                // AMI_ACK_IDLE_THRESHOLD
-    unsigned ack_max_unacked = 64;                  // AMI_ACK_MAX_UNACKED
-    unsigned keepalive_ms = 1000;                   // AMI_KEEPALIVE_INTERVAL (0: none)
+    std::uint16_t contexts = 1;  // per task
+    Options options;             // the protocol's settings (protocol_config.hpp)
   };
 
   AmEngine(Shape shape, ContextStats& stats);

@@ -145,11 +145,11 @@ void AmEngine::keepalive() {
 
 // Called from advance(): looks at the clock every 64 advances.
 void AmEngine::maybe_keepalive() {
-  if (shape_.keepalive_ms == 0) return;
+  if (shape_.options.keepalive_ms == 0) return;
   const std::int64_t now = device::coarse_now_ns();
   if (now < next_keepalive_ns_) return;
   if (next_keepalive_ns_ != 0) keepalive();
-  next_keepalive_ns_ = now + std::int64_t{shape_.keepalive_ms} * 1000000;
+  next_keepalive_ns_ = now + std::int64_t{shape_.options.keepalive_ms} * 1000000;
 }
 
 }  // namespace ami::protocol

@@ -309,7 +309,7 @@ void AmEngine::ack(Peer& peer, std::uint64_t ack_seq, std::uint16_t flags, bool 
 void AmEngine::emit_ack(std::uint32_t p, const AckDispatcher::Range& range) {
   Peer& peer = peers_[p];
   if (!peer.failure.ok()) return;  // nobody to tell
-  if (peer.controls.size() >= 4 * std::size_t{shape_.max_requests}) {
+  if (peer.controls.size() >= 4 * std::size_t{shape_.options.max_requests}) {
     // More answers owed than the origin can have requests: not an honest peer.
     count_malformed(kOutOfSequence);
     return;

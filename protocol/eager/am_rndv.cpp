@@ -21,9 +21,9 @@ void AmEngine::consider_stop(Peer& peer) {
                         .deferred = rx.defer != nullptr,
                         .zero_copy = rx.zero_copy,
                         .reception_load = peer.device->reception_load(),
-                        .low_water = shape_.rndv_low_water,
-                        .crossover = shape_.rndv_crossover.value_or(peer.lane->rdma_crossover()),
-                        .configured = shape_.rndv_mode,
+                        .low_water = shape_.options.rndv_low_water,
+                        .crossover = shape_.options.rndv_crossover.value_or(peer.lane->rdma_crossover()),
+                        .configured = shape_.options.rndv_mode,
                         .split_min = rndv::kSplitMin};
   ++stats_.rndv_decisions;
   stats_.reception_load_max = std::max(stats_.reception_load_max, in.reception_load);

@@ -44,7 +44,7 @@ struct Rig {
         [&regions](std::uint32_t region) { regions.remove(region); }, {}, 4096);
   }
   static protocol::AmEngine::Shape shape() {
-    return {.tasks = 1, .contexts = 2, .max_requests = 64, .ack_idle_threshold = 2, .keepalive_ms = 0};
+    return {.tasks = 1, .contexts = 2, .options = {.max_requests = 64, .ack_idle_threshold = 2, .keepalive_ms = 0}};
   }
   Rig() : ca(cache(regions)), cb(cache(regions)), ea(shape(), sa), eb(shape(), sb) {
     ea.add_device(da);

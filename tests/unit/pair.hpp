@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "ami/ami.hpp"
+#include "verbs_backend/verbs_config.hpp"
 
 namespace test {
 
@@ -106,7 +107,7 @@ struct VerbsPair : JobPair {
   // 8 KiB packets of a NIC, unless the case sets its own (soft-RoCE's
   // default, 128 KiB, would carry most of them whole).
   static ami::Config with_packets(ami::Config c) {
-    if (c.origin("AMI_VERBS_BOUNCE_SIZE") == "default") REQUIRE(c.set("AMI_VERBS_BOUNCE_SIZE", "8192").ok());
+    if (c.origin(ami::verbs::Param("AMI_VERBS_BOUNCE_SIZE")) == "default") REQUIRE(c.set("AMI_VERBS_BOUNCE_SIZE", "8192").ok());
     return c;
   }
 };

@@ -228,10 +228,10 @@ struct Pair {
   int fences_done = 0;
 
   Pair(unsigned threshold, unsigned window)
-      : ea({.tasks = 1, .contexts = 2, .max_requests = 256, .ack_idle_threshold = threshold,
-            .ack_max_unacked = window}, sa),
-        eb({.tasks = 1, .contexts = 2, .max_requests = 256, .ack_idle_threshold = threshold,
-            .ack_max_unacked = window}, sb) {
+      : ea({.tasks = 1, .contexts = 2,
+            .options = {.max_requests = 256, .ack_idle_threshold = threshold, .ack_max_unacked = window}}, sa),
+        eb({.tasks = 1, .contexts = 2,
+            .options = {.max_requests = 256, .ack_idle_threshold = threshold, .ack_max_unacked = window}}, sb) {
     ea.add_device(da);
     eb.add_device(db);
     REQUIRE(eb.set_dispatch(1, {+[](void*, const Incoming&, Receive*) {}, nullptr}).ok());

@@ -1,7 +1,10 @@
-// The declarative configuration table, its environment reader, lookups by
-// name, and the memory budget of a client's settings.
+// The declarative configuration tables, each component's and their union,
+// the environment reader, lookups by name, each component's typed options,
+// and the memory budget of a client's settings.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -9,19 +12,34 @@
 #include "ami/client.hpp"
 #include "ami/config.hpp"
 #include "ami/error.hpp"
+#include "protocol/protocol_config.hpp"
+#include "shm_backend/shm_config.hpp"
+#include "transport/self/self_config.hpp"
+#include "transport/src/core_config.hpp"
 #include "transport/src/memory_budget.hpp"
+#include "verbs_backend/verbs_domain.hpp"
+
+namespace core = ami::core;
+namespace protocol = ami::protocol;
+namespace self = ami::self;
+namespace shm = ami::shm;
+namespace verbs = ami::verbs;
 
 // Expect: a name known only at run time never converts silently; it goes
 // through ParamName::lookup(). (That a misspelt literal does not compile is
-// the config_name_checked test: compile_fail_config_name.cpp.)
+// the config_name_checked test: compile_fail_config_name.cpp.) A literal
+// alone is no name either: it is named through its component's table.
 template <class Name>
 concept looks_up = requires(const ami::Config& c, Name name) { c.number(name); };
 static_assert(looks_up<ami::ParamName>);
 static_assert(!looks_up<std::string_view>);
 static_assert(!looks_up<const char*>);
 static_assert(!looks_up<std::string>);
-static_assert(ami::ParamName("AMI_SIZE").name() == "AMI_SIZE");
-static_assert(ami::ParamName("AMI_FIFO_DEPTH").spec().type == ami::ParamType::power_of_two);
+static_assert(looks_up<core::Param>);
+static_assert(looks_up<verbs::Param>);
+static_assert(core::Param("AMI_SIZE").name() == "AMI_SIZE");
+static_assert(core::Param("AMI_FIFO_DEPTH").spec().type == ami::ParamType::power_of_two);
+static_assert(ami::ParamName(shm::Param("AMI_SHM_CMA")).name() == "AMI_SHM_CMA");
 
 namespace {
 
@@ -40,12 +58,13 @@ bool contains(std::string_view text, std::string_view part) { return text.find(p
 
 TEST_CASE("defaults come from the table") {
   ami::Config c;
-  for (const ami::ParamSpec& p : ami::config_table()) {
-    CHECK(c.text(p) == p.default_value);
-    CHECK(c.origin(p) == "default");
-    CHECK_FALSE(p.doc.empty());
-  }
-  CHECK(c.number("AMI_FIFO_DEPTH") == 256);
+  for (const ami::ParamGroup& g : ami::config_groups())
+    for (const ami::ParamSpec& p : g.rows) {
+      CHECK(c.text(p) == p.default_value);
+      CHECK(c.origin(p) == "default");
+      CHECK_FALSE(p.doc.empty());
+    }
+  CHECK(c.number(core::Param("AMI_FIFO_DEPTH")) == 256);
 }
 
 TEST_CASE("environment overrides, unknown names get the closest match") {
@@ -53,9 +72,9 @@ TEST_CASE("environment overrides, unknown names get the closest match") {
                        nullptr};
   std::vector<std::string> warnings;
   ami::Config c = ami::Config::from_environment(env, warnings);
-  CHECK(c.number("AMI_FIFO_DEPTH") == 64);
-  CHECK(c.origin("AMI_FIFO_DEPTH") == "environment");
-  CHECK(c.origin("AMI_MAX_REQUESTS") == "default");
+  CHECK(c.number(core::Param("AMI_FIFO_DEPTH")) == 64);
+  CHECK(c.origin(core::Param("AMI_FIFO_DEPTH")) == "environment");
+  CHECK(c.origin(protocol::Param("AMI_MAX_REQUESTS")) == "default");
   REQUIRE(warnings.size() == 2);
   CHECK(warnings[0] == "unknown variable AMI_FIFO_DEPHT (did you mean AMI_FIFO_DEPTH?)");
   CHECK(warnings[1] == "unknown variable AMI_TOTALLY_UNRELATED_THING");
@@ -102,11 +121,11 @@ TEST_CASE("values are checked against type and range") {
   CHECK(c.set("AMI_FIFO_DEPTH", "+16") == ami::StatusCode::invalid_argument);
   CHECK(c.set("AMI_NOPE", "1") == ami::StatusCode::invalid_argument);
   CHECK(std::string_view(c.set("AMI_FIFO_DEPTH", "100").what()) == "config: the value is not a power of two");
-  CHECK(c.number("AMI_FIFO_DEPTH") == 256);  // a refused value changes nothing
-  CHECK(c.origin("AMI_FIFO_DEPTH") == "default");
+  CHECK(c.number(core::Param("AMI_FIFO_DEPTH")) == 256);  // a refused value changes nothing
+  CHECK(c.origin(core::Param("AMI_FIFO_DEPTH")) == "default");
   CHECK(c.set("AMI_FIFO_DEPTH", "1024").ok());
-  CHECK(c.number("AMI_FIFO_DEPTH") == 1024);
-  CHECK(c.origin("AMI_FIFO_DEPTH") == "set");
+  CHECK(c.number(core::Param("AMI_FIFO_DEPTH")) == 1024);
+  CHECK(c.origin(core::Param("AMI_FIFO_DEPTH")) == "set");
   CHECK(c.set("AMI_JOB_KEY", std::string(256, 'k')).ok());
   CHECK(c.set("AMI_JOB_KEY", std::string(257, 'k')) == ami::StatusCode::invalid_argument);
 }
@@ -131,14 +150,14 @@ TEST_CASE("AMI_SIZE, AMI_RANK and the other size-like settings are bounded, and 
     return out;
   };
   for (const ami::ParamName name :
-       {ami::ParamName("AMI_FIFO_DEPTH"), ami::ParamName("AMI_MAX_REQUESTS"), ami::ParamName("AMI_SELF_QUEUE_DEPTH"),
-        ami::ParamName("AMI_SELF_CELL_SIZE"), ami::ParamName("AMI_SHM_RING_DEPTH"),
-        ami::ParamName("AMI_SHM_CELL_SIZE"), ami::ParamName("AMI_SIZE"), ami::ParamName("AMI_VERBS_SQ_DEPTH"),
-        ami::ParamName("AMI_VERBS_SRQ_DEPTH"), ami::ParamName("AMI_VERBS_MAX_RDMA"),
-        ami::ParamName("AMI_VERBS_BOUNCE_SIZE"), ami::ParamName("AMI_VERBS_GID_INDEX"),
-        ami::ParamName("AMI_MAX_REGIONS"), ami::ParamName("AMI_ACK_MAX_UNACKED"),
-        ami::ParamName("AMI_RCACHE_MAX_ENTRIES"), ami::ParamName("AMI_RCACHE_MAX_MB"),
-        ami::ParamName("AMI_COLL_EAGER_MAX")}) {
+       {ami::ParamName(core::Param("AMI_FIFO_DEPTH")), ami::ParamName(protocol::Param("AMI_MAX_REQUESTS")), ami::ParamName(self::Param("AMI_SELF_QUEUE_DEPTH")),
+        ami::ParamName(self::Param("AMI_SELF_CELL_SIZE")), ami::ParamName(shm::Param("AMI_SHM_RING_DEPTH")),
+        ami::ParamName(shm::Param("AMI_SHM_CELL_SIZE")), ami::ParamName(core::Param("AMI_SIZE")), ami::ParamName(verbs::Param("AMI_VERBS_SQ_DEPTH")),
+        ami::ParamName(verbs::Param("AMI_VERBS_SRQ_DEPTH")), ami::ParamName(verbs::Param("AMI_VERBS_MAX_RDMA")),
+        ami::ParamName(verbs::Param("AMI_VERBS_BOUNCE_SIZE")), ami::ParamName(verbs::Param("AMI_VERBS_GID_INDEX")),
+        ami::ParamName(core::Param("AMI_MAX_REGIONS")), ami::ParamName(protocol::Param("AMI_ACK_MAX_UNACKED")),
+        ami::ParamName(core::Param("AMI_RCACHE_MAX_ENTRIES")), ami::ParamName(core::Param("AMI_RCACHE_MAX_MB")),
+        ami::ParamName(protocol::Param("AMI_COLL_EAGER_MAX"))}) {
     bool stated = false;
     for (const std::string& t : bound_texts(name.spec().max)) stated = stated || contains(name.spec().doc, t);
     CHECK_MESSAGE(stated, (std::string(name.name()) + " does not state its bound in its doc"));
@@ -147,16 +166,16 @@ TEST_CASE("AMI_SIZE, AMI_RANK and the other size-like settings are bounded, and 
 
 TEST_CASE("\"auto\" where the table allows it, checked like any other value") {
   ami::Config c;
-  CHECK_FALSE(c.number_or_auto("AMI_VERBS_MTU").has_value());  // the default
+  CHECK_FALSE(c.number_or_auto(verbs::Param("AMI_VERBS_MTU")).has_value());  // the default
   CHECK(c.set("AMI_VERBS_MTU", "1000") == ami::StatusCode::invalid_argument);  // not a power of two
   CHECK(c.set("AMI_VERBS_MTU", "8192") == ami::StatusCode::invalid_argument);  // above the maximum
   CHECK(c.set("AMI_VERBS_MTU", "1024").ok());
-  CHECK(c.number_or_auto("AMI_VERBS_MTU") == 1024u);
+  CHECK(c.number_or_auto(verbs::Param("AMI_VERBS_MTU")) == 1024u);
   CHECK(c.set("AMI_VERBS_MTU", "auto").ok());
-  CHECK_FALSE(c.number_or_auto("AMI_VERBS_MTU").has_value());
+  CHECK_FALSE(c.number_or_auto(verbs::Param("AMI_VERBS_MTU")).has_value());
   CHECK(c.set("AMI_VERBS_CM", "maybe") == ami::StatusCode::invalid_argument);
   CHECK(c.set("AMI_VERBS_CM", "off").ok());
-  CHECK(c.number_or_auto("AMI_VERBS_CM") == 0u);
+  CHECK(c.number_or_auto(verbs::Param("AMI_VERBS_CM")) == 0u);
   CHECK(c.set("AMI_FIFO_DEPTH", "auto") == ami::StatusCode::invalid_argument);  // not allowed there
 }
 
@@ -164,7 +183,7 @@ TEST_CASE("a name known only at run time is looked up, and an unknown one throws
   ami::Config c;
   const std::string typed = "AMI_FIFO_DEPTH";  // as a tool would read it
   CHECK(c.number(ami::ParamName::lookup(typed)) == 256);
-  CHECK(ami::ParamName::lookup(typed).index() == ami::ParamName("AMI_FIFO_DEPTH").index());
+  CHECK(&ami::ParamName::lookup(typed).spec() == &core::Param("AMI_FIFO_DEPTH").spec());
   CHECK_THROWS_WITH_AS((void)ami::ParamName::lookup("AMI_FIFO_DEPHT"),
                        "config: no parameter is named 'AMI_FIFO_DEPHT' (the closest known name is AMI_FIFO_DEPTH)",
                        ami::Error);
@@ -172,9 +191,90 @@ TEST_CASE("a name known only at run time is looked up, and an unknown one throws
   const std::string far = error_of([] { (void)ami::ParamName::lookup("AMI_TOTALLY_UNRELATED_THING"); });
   CHECK(contains(far, "'AMI_TOTALLY_UNRELATED_THING'"));
   CHECK(contains(far, "the closest known name is AMI_"));
-  // A row that is not the table's, by name.
+  // A row no component declares.
   const ami::ParamSpec stray{"AMI_STRAY", "1", ami::ParamType::unsigned_int, 0, 1, "not in the table"};
   CHECK_THROWS_AS((void)c.number(stray), ami::Error);
+}
+
+TEST_CASE("the union holds every component's rows once") {
+  const std::span<const ami::ParamGroup> groups = ami::config_groups();
+  // The core's and the protocol's, then each registered backend's.
+  std::vector<std::string_view> components;
+  for (const ami::ParamGroup& g : groups) components.push_back(g.component);
+  CHECK(components == std::vector<std::string_view>{"core", "protocol", "self", "shm", "verbs"});
+  auto groups_holding = [&](std::span<const ami::ParamSpec> rows) {
+    int found = 0;
+    for (const ami::ParamGroup& g : groups) found += g.rows.data() == rows.data() && g.rows.size() == rows.size();
+    return found;
+  };
+  CHECK(groups_holding(core::kParams) == 1);
+  CHECK(groups_holding(protocol::kParams) == 1);
+  CHECK(groups_holding(self::kParams) == 1);
+  CHECK(groups_holding(shm::kParams) == 1);
+  CHECK(groups_holding(verbs::kParams) == 1);
+  // No name in two components, and each name found where it is declared.
+  std::vector<std::string_view> names;
+  for (const ami::ParamGroup& g : groups)
+    for (const ami::ParamSpec& p : g.rows) {
+      CHECK_MESSAGE(std::count(names.begin(), names.end(), p.name) == 0, p.name);
+      names.push_back(p.name);
+      CHECK(&ami::ParamName::lookup(p.name).spec() == &p);
+    }
+  CHECK(names.size() == std::size(core::kParams) + std::size(protocol::kParams) + std::size(self::kParams) +
+                            std::size(shm::kParams) + std::size(verbs::kParams));
+}
+
+TEST_CASE("each row's default is a value of its own type and bounds") {
+  for (const ami::ParamGroup& g : ami::config_groups()) {
+    CHECK(ami::rows_are_sound(g.rows));
+    for (const ami::ParamSpec& p : g.rows) {
+      ami::Config c;
+      CHECK_MESSAGE(c.set(p.name, p.default_value).ok(), p.name);
+      CHECK(c.text(p) == p.default_value);
+    }
+  }
+}
+
+TEST_CASE("each component's typed options from a Config of defaults are its defaults") {
+  const ami::Config defaults;
+  CHECK(core::Options::from(defaults) == core::Options{});
+  CHECK(protocol::Options::from(defaults) == protocol::Options{});
+  CHECK(self::Options::from(defaults) == self::Options{});
+  CHECK(shm::Options::from(defaults) == shm::Options{});
+  CHECK(verbs::VerbsOptions::from(defaults) == verbs::VerbsOptions{});
+  // The figures the rows say, taken from them.
+  CHECK(core::Options{}.fifo_depth == 256);
+  CHECK_FALSE(core::Options{}.rcache_idle.has_value());  // auto
+  CHECK(protocol::Options{}.rndv_mode == protocol::rndv::Mode::automatic);
+  CHECK_FALSE(protocol::Options{}.rndv_crossover.has_value());  // auto
+  CHECK(shm::Options{}.cma);
+  CHECK(verbs::VerbsOptions{}.timeout == 14);
+}
+
+TEST_CASE("a value in the environment reaches each component's typed field") {
+  const char* env[] = {"AMI_FIFO_DEPTH=64",       "AMI_RCACHE_IDLE=3",       "AMI_REACHABILITY=symmetric",
+                       "AMI_ACK_MAX_UNACKED=5",   "AMI_RNDV_MODE=split_get", "AMI_COLL_RING_MIN=4096",
+                       "AMI_SELF_CELL_SIZE=1024", "AMI_SHM_CMA=off",         "AMI_SHM_RING_DEPTH=16",
+                       "AMI_VERBS_TIMEOUT=20",    "AMI_VERBS_MTU=1024",      "AMI_NET_DEVICES=rxe0:1",
+                       nullptr};
+  std::vector<std::string> warnings;
+  const ami::Config c = ami::Config::from_environment(env, warnings);
+  CHECK(warnings.empty());
+  const core::Options o = core::Options::from(c);
+  CHECK(o.fifo_depth == 64);
+  CHECK(o.rcache_idle == 3u);
+  CHECK(o.reachability == core::Reachability::symmetric);
+  const protocol::Options p = protocol::Options::from(c);
+  CHECK(p.ack_max_unacked == 5);
+  CHECK(p.rndv_mode == protocol::rndv::Mode::split_get);
+  CHECK(p.coll_ring_min == 4096);
+  CHECK(self::Options::from(c).cell_bytes == 1024);
+  CHECK_FALSE(shm::Options::from(c).cma);
+  CHECK(shm::Options::from(c).queue_depth == 16);
+  const verbs::VerbsOptions v = verbs::VerbsOptions::from(c);
+  CHECK(v.timeout == 20);
+  CHECK(v.mtu_cap == IBV_MTU_1024);
+  CHECK(v.net_devices == "rxe0:1");
 }
 
 TEST_CASE("the settings' memory is checked against the host before a client allocates it") {

@@ -126,7 +126,7 @@ TEST_CASE("a packet from an endpoint of the job that no backend here reaches is 
   self::SelfDomain domain{0, 1, 64, 1024, regions};  // reaches task 0 only
   self::SelfDevice dev{domain, 0, 16};
   ContextStats stats;
-  protocol::AmEngine engine{{.tasks = 2, .contexts = 1, .max_requests = 16}, stats};
+  protocol::AmEngine engine{{.tasks = 2, .contexts = 1, .options = {.max_requests = 16}}, stats};
   engine.add_device(dev);
   int dispatched = 0;
   REQUIRE(engine.set_dispatch(4, {+[](void* c, const Incoming&, Receive*) { ++*static_cast<int*>(c); }, &dispatched})
@@ -163,7 +163,7 @@ TEST_CASE("shm: cells in a context's ring from a task it cannot reach are counte
   shm::ShmDomain domain(0, 2, 1, {.queue_depth = 16, .cell_bytes = 256}, regions);
   shm::ShmDevice device(domain, 0, 16);
   ContextStats stats;
-  protocol::AmEngine engine{{.tasks = 2, .contexts = 1, .max_requests = 16}, stats};
+  protocol::AmEngine engine{{.tasks = 2, .contexts = 1, .options = {.max_requests = 16}}, stats};
   engine.add_device(device);
   int dispatched = 0;
   REQUIRE(engine.set_dispatch(4, {+[](void* c, const Incoming&, Receive*) { ++*static_cast<int*>(c); }, &dispatched})

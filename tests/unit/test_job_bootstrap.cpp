@@ -11,6 +11,7 @@
 #include "ami/ami.hpp"
 #include "transport/src/job_bootstrap.hpp"
 #include "transport/src/pmix_bootstrap.hpp"
+#include "transport/src/core_config.hpp"
 
 // Under LeakSanitizer: libpmix keeps a few bytes of PMIx_Init (a failed
 // one too) past PMIx_Finalize, which are not ours to free.
@@ -91,12 +92,12 @@ TEST_CASE("a job is given by hand through JobOptions or AMI_RANK, AMI_SIZE, AMI_
 
 TEST_CASE("AMI_BOOTSTRAP_MODE takes auto, pmix or tcp") {
   ami::Config c;
-  CHECK(c.text("AMI_BOOTSTRAP_MODE") == "auto");
-  CHECK(c.number("AMI_BOOTSTRAP_MODE") == static_cast<std::uint64_t>(Mode::automatic));
+  CHECK(c.text(ami::core::Param("AMI_BOOTSTRAP_MODE")) == "auto");
+  CHECK(c.number(ami::core::Param("AMI_BOOTSTRAP_MODE")) == static_cast<std::uint64_t>(Mode::automatic));
   CHECK(c.set("AMI_BOOTSTRAP_MODE", "pmix").ok());
-  CHECK(c.number("AMI_BOOTSTRAP_MODE") == static_cast<std::uint64_t>(Mode::pmix));
+  CHECK(c.number(ami::core::Param("AMI_BOOTSTRAP_MODE")) == static_cast<std::uint64_t>(Mode::pmix));
   CHECK(c.set("AMI_BOOTSTRAP_MODE", "tcp").ok());
-  CHECK(c.number("AMI_BOOTSTRAP_MODE") == static_cast<std::uint64_t>(Mode::tcp));
+  CHECK(c.number(ami::core::Param("AMI_BOOTSTRAP_MODE")) == static_cast<std::uint64_t>(Mode::tcp));
   CHECK(c.set("AMI_BOOTSTRAP_MODE", "mpi") == ami::StatusCode::invalid_argument);
 }
 

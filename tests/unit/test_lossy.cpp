@@ -37,6 +37,8 @@
 #include <vector>
 
 #include "ami/ami.hpp"
+#include "transport/src/core_config.hpp"
+#include "protocol/protocol_config.hpp"
 
 using namespace ami;
 
@@ -634,16 +636,16 @@ class LossyRank {
 
 TEST_CASE("across a lossy link every byte arrives intact and every callback runs once") {
   Config config = Config::from_environment();
-  REQUIRE_MESSAGE((config.number("AMI_SIZE") == 2 && config.origin("AMI_RANK") != "default" &&
-                   !config.text("AMI_BOOTSTRAP").empty()),
+  REQUIRE_MESSAGE((config.number(ami::core::Param("AMI_SIZE")) == 2 && config.origin(ami::core::Param("AMI_RANK")) != "default" &&
+                   !config.text(ami::core::Param("AMI_BOOTSTRAP")).empty()),
                   "one rank of a job of two: set AMI_RANK, AMI_SIZE=2 and AMI_BOOTSTRAP");
   // Both VMs boot at once on a loaded host, and the bootstrap's TCP crosses
   // the same lossy link: wait for the peer far longer than on one host.
-  if (config.origin("AMI_BOOTSTRAP_TIMEOUT") == "default") REQUIRE(config.set("AMI_BOOTSTRAP_TIMEOUT", "120000").ok());
+  if (config.origin(ami::core::Param("AMI_BOOTSTRAP_TIMEOUT")) == "default") REQUIRE(config.set("AMI_BOOTSTRAP_TIMEOUT", "120000").ok());
   // What a receiver does after a stop is its own choice: rank 0 keeps the
   // eager bytes and GETs the rest (split_get), rank 1 decides as by default
   // (stop_put at the first packet; discard_get for what it deferred).
-  if (config.origin("AMI_RNDV_MODE") == "default" && config.number("AMI_RANK") == 0)
+  if (config.origin(ami::protocol::Param("AMI_RNDV_MODE")) == "default" && config.number(ami::core::Param("AMI_RANK")) == 0)
     REQUIRE(config.set("AMI_RNDV_MODE", "split_get").ok());
   Client client({.name = "lossy", .contexts = 1, .job = {}, .config = config});
   REQUIRE(client.size() == 2);

@@ -49,7 +49,7 @@ struct Trio {
   Endpoint failed_peer{};
 
   static protocol::AmEngine::Shape shape(unsigned keepalive_ms) {
-    return {.tasks = 1, .contexts = 3, .max_requests = 256, .keepalive_ms = keepalive_ms};
+    return {.tasks = 1, .contexts = 3, .options = {.max_requests = 256, .keepalive_ms = keepalive_ms}};
   }
   explicit Trio(unsigned keepalive_ms = 0)
       : ea(shape(keepalive_ms), sa), eb(shape(keepalive_ms), sb), ec(shape(keepalive_ms), sc) {

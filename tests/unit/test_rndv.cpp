@@ -207,10 +207,12 @@ struct Rig {
       unsigned low_water = 75, std::optional<std::optional<std::uint64_t>> sender_crossover = {})
       : domain(0, 2, queue, kCell, registry.regions), da(domain, 0, fifo), db(domain, 1, fifo),
         ca(registry.make({})), cb(registry.make({})),
-        ea({.tasks = 1, .contexts = 2, .max_requests = 64, .rndv_mode = mode,
-            .rndv_crossover = sender_crossover.value_or(crossover), .rndv_low_water = low_water}, sa),
-        eb({.tasks = 1, .contexts = 2, .max_requests = 64, .rndv_mode = mode, .rndv_crossover = crossover,
-            .rndv_low_water = low_water}, sb) {
+        ea({.tasks = 1, .contexts = 2,
+            .options = {.max_requests = 64, .rndv_mode = mode,
+                        .rndv_crossover = sender_crossover.value_or(crossover), .rndv_low_water = low_water}}, sa),
+        eb({.tasks = 1, .contexts = 2,
+            .options = {.max_requests = 64, .rndv_mode = mode, .rndv_crossover = crossover,
+                        .rndv_low_water = low_water}}, sb) {
     ea.add_device(da);
     eb.add_device(db);
     ea.set_registrar(&ca);

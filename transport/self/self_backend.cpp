@@ -2,6 +2,7 @@
 // SelfDevice per context. Nothing to publish, nothing to connect.
 #include "transport/self/self_backend.hpp"
 
+#include "transport/self/self_config.hpp"
 #include "transport/self/self_device.hpp"
 
 namespace ami::self {
@@ -10,12 +11,12 @@ namespace {
 
 class SelfBackend final : public device::Backend {
  public:
-  explicit SelfBackend(const device::BackendSetup& s)
+  explicit SelfBackend(const device::BackendSetup& s) : SelfBackend(s, Options::from(s.config)) {}
+  SelfBackend(const device::BackendSetup& s, const Options& o)
       : task_(s.task),
-        domain_(s.task, s.contexts, static_cast<std::uint32_t>(s.config.number("AMI_SELF_QUEUE_DEPTH")),
-                static_cast<std::uint32_t>(s.config.number("AMI_SELF_CELL_SIZE")), s.regions),
-        describe_("self: memcpy, queue " + s.config.text("AMI_SELF_QUEUE_DEPTH") + " x " +
-                  s.config.text("AMI_SELF_CELL_SIZE") + " B") {}
+        domain_(s.task, s.contexts, o.queue_depth, o.cell_bytes, s.regions),
+        describe_("self: memcpy, queue " + s.config.text(Param("AMI_SELF_QUEUE_DEPTH")) + " x " +
+                  s.config.text(Param("AMI_SELF_CELL_SIZE")) + " B") {}
 
   std::string_view name() const override { return "self"; }
   // Other tasks are never the self backend's.
@@ -41,7 +42,8 @@ class SelfBackend final : public device::Backend {
 
 // A reception queue per context.
 std::vector<device::MemoryDemand> memory(const Config& c, std::uint16_t contexts) {
-  return {device::MemoryDemand::queues("self queues", c, "AMI_SELF_QUEUE_DEPTH", "AMI_SELF_CELL_SIZE", contexts)};
+  return {device::MemoryDemand::queues("self queues", c, Param("AMI_SELF_QUEUE_DEPTH"), Param("AMI_SELF_CELL_SIZE"),
+                                       contexts)};
 }
 
 }  // namespace
@@ -49,6 +51,7 @@ std::vector<device::MemoryDemand> memory(const Config& c, std::uint16_t contexts
 const device::BackendInfo& backend_info() {
   static const device::BackendInfo info{
       .name = "self",
+      .params = kParams,
       .open = [](const device::BackendSetup& s) -> std::unique_ptr<device::Backend> {
         return std::make_unique<SelfBackend>(s);
       },

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "ami/error.hpp"
+#include "core_config.hpp"
 
 namespace ami::detail {
 
@@ -22,7 +23,7 @@ Choice choose(const Config& c) {
   const auto rows = registered_backends();
   Choice choice;
   choice.named.resize(rows.size());
-  const std::string& list = c.text("AMI_BACKENDS");
+  const std::string& list = c.text(core::Param("AMI_BACKENDS"));
   std::size_t start = 0;
   while (start <= list.size()) {
     std::size_t end = list.find(',', start);
@@ -33,7 +34,7 @@ Choice choose(const Config& c) {
     else if (!name.empty() && choice.unknown.empty()) choice.unknown = name;
     start = end + 1;
   }
-  choice.explicit_list = c.origin("AMI_BACKENDS") != "default";
+  choice.explicit_list = c.origin(core::Param("AMI_BACKENDS")) != "default";
   return choice;
 }
 

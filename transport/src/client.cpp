@@ -22,6 +22,7 @@
 #include "ami/device/region_table.hpp"
 #include "ami/error.hpp"
 #include "bootstrap.hpp"
+#include "core_config.hpp"
 #include "job_bootstrap.hpp"
 #include "memory_budget.hpp"
 #include "reachability.hpp"
@@ -37,10 +38,6 @@ std::uint64_t random_job_id() {
   return (std::uint64_t{rd()} << 32) ^ rd() ^ 1;  // never 0
 }
 
-std::uint32_t u32(const Config& c, ParamName name) {
-  return static_cast<std::uint32_t>(c.number(name));
-}
-
 std::string hostname() {
   char name[256] = {};
   ::gethostname(name, sizeof name - 1);
@@ -51,9 +48,9 @@ std::string hostname() {
 
 struct Client::Impl {
   explicit Impl(ClientOptions& o, std::unique_ptr<bootstrap::Bootstrap> b)
-      : boot(std::move(b)), name(std::move(o.name)), config(std::move(o.config)), task(boot->rank()),
-        size(boot->size()), regions(0, task, u32(config, "AMI_MAX_REGIONS")),
-        backends(device::BackendSetup{task, size, o.contexts, config, regions}) {
+      : boot(std::move(b)), name(std::move(o.name)), config(std::move(o.config)), options(core::Options::from(config)),
+        task(boot->rank()), size(boot->size()), regions(0, task, options.max_regions),
+        backends(device::BackendSetup{task, size, o.contexts, config, regions, options.fifo_depth}) {
     regions.on_remove([this](std::uint32_t region) {
       std::lock_guard lock(registration_mutex);
       backends.deregister_region(region);
@@ -71,6 +68,7 @@ struct Client::Impl {
   std::unique_ptr<bootstrap::Bootstrap> boot;
   std::string name;
   Config config;
+  core::Options options;  // the core's settings, from config
   std::uint32_t task;
   std::uint32_t size;
   std::uint64_t job = 0;
@@ -115,7 +113,7 @@ void Client::Impl::exchange_addresses(std::uint16_t n) {
   std::vector<std::string> hosts;
   for (const AddressBlob& b : table) hosts.push_back(b.hostname);
   detail::check_reachability(boot->allgather(detail::encode_unreachable(mine_missing)), hosts,
-                             config.text("AMI_REACHABILITY") == "symmetric");
+                             options.reachability == core::Reachability::symmetric);
   if (auto sockets = boot->peer_sockets(); !sockets.empty())
     connections = std::make_unique<detail::ConnectionWatch>(std::move(sockets), task, size);
 }
@@ -133,14 +131,8 @@ Client::Client(ClientOptions options) {
   impl_->exchange_addresses(n);
 
   const Config& c = impl_->config;
-  protocol::AmEngine::Shape shape{impl_->size, n, u32(c, "AMI_MAX_REQUESTS")};
-  shape.rndv_mode = static_cast<protocol::rndv::Mode>(c.number("AMI_RNDV_MODE"));
-  shape.rndv_crossover = c.number_or_auto("AMI_RNDV_CROSSOVER");
-  shape.rndv_low_water = u32(c, "AMI_RNDV_LOW_WATER");
-  shape.ack_idle_threshold = u32(c, "AMI_ACK_IDLE_THRESHOLD");
-  shape.ack_max_unacked = u32(c, "AMI_ACK_MAX_UNACKED");
-  shape.keepalive_ms = u32(c, "AMI_KEEPALIVE_INTERVAL");
-  const auto fifo_depth = u32(c, "AMI_FIFO_DEPTH");
+  const protocol::AmEngine::Shape shape{impl_->size, n, protocol::Options::from(c)};
+  const std::uint32_t fifo_depth = impl_->options.fifo_depth;
   for (std::uint16_t i = 0; i < n; ++i)
     impl_->contexts.push_back(std::unique_ptr<Context>(new Context(std::make_unique<detail::ContextImpl>(
         *this, i, impl_->backends, fifo_depth, shape, impl_->make_cache(), impl_->connections.get()))));
@@ -152,9 +144,9 @@ Client::Client(ClientOptions options) {
 // unless AMI_RCACHE_IDLE says otherwise.
 std::unique_ptr<detail::RegistrationCache> Client::Impl::make_cache() {
   detail::RegistrationCache::Limits limits;
-  limits.max_entries = u32(config, "AMI_RCACHE_MAX_ENTRIES");
-  limits.max_bytes = config.number("AMI_RCACHE_MAX_MB") << 20;
-  limits.idle = static_cast<std::uint32_t>(config.number_or_auto("AMI_RCACHE_IDLE").value_or(backends.pins_registrations() ? 0 : 64));
+  limits.max_entries = options.rcache_max_entries;
+  limits.max_bytes = options.rcache_max_mb << 20;
+  limits.idle = options.rcache_idle.value_or(backends.pins_registrations() ? 0 : 64);
   auto reg = [this](void* address, std::size_t length, RemoteKey& key, std::uint32_t& lkey) {
     return register_region(key, address, length, lkey);
   };
@@ -225,14 +217,14 @@ Context& Client::context(std::uint16_t index) { return *impl_->contexts.at(index
 const Config& Client::config() const { return impl_->config; }
 
 std::string Client::describe_backends() const {
-  const Config& c = impl_->config;
+  const protocol::Options o = protocol::Options::from(impl_->config);
   std::string out = impl_->backends.describe();
   // Every lane above is one ring or one RC queue pair: it delivers in order.
   out += "fence: a message behind the earlier operations (every lane delivers in order; a lane that "
          "may reorder would be flushed instead)\n";
-  out += "acks: batched, after " + c.text("AMI_ACK_IDLE_THRESHOLD") + " idle advances or " +
-         c.text("AMI_ACK_MAX_UNACKED") + " unacked messages per peer; keepalive every " +
-         c.text("AMI_KEEPALIVE_INTERVAL") + " ms\n";
+  out += "acks: batched, after " + std::to_string(o.ack_idle_threshold) + " idle advances or " +
+         std::to_string(o.ack_max_unacked) + " unacked messages per peer; keepalive every " +
+         std::to_string(o.keepalive_ms) + " ms\n";
   return out;
 }
 

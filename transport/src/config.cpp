@@ -1,5 +1,6 @@
-// config.cpp — the reader of the table of tunables (config_table.hpp): parsing
-// and checking values, the environment, lookups by name.
+// config.cpp — the reader of the tunables: the union of every component's
+// rows (config_table.hpp), parsing and checking values, the environment,
+// lookups by name.
 #include "ami/config.hpp"
 
 #include <unistd.h>
@@ -8,104 +9,56 @@
 #include <cstdio>
 #include <limits>
 
-#include "ami/device/descriptor.hpp"
-#include "ami/device/reception_queue.hpp"
 #include "ami/error.hpp"
+#include "backends.hpp"
+#include "core_config.hpp"
+#include "protocol/protocol_config.hpp"
 
 namespace ami {
 
 namespace {
 
-constexpr std::uint64_t kAuto = ~std::uint64_t{0};
+using detail::kAutoValue;
+using Problem = detail::ParamProblem;
 
-// Why a value cannot be right.
-enum class Problem : std::uint8_t { none, malformed, out_of_range, not_power_of_two, too_long };
-
-// Reads text as spec's type into out. constexpr, so the table's own defaults
-// are checked while compiling (below).
 constexpr Problem check(const ParamSpec& spec, std::string_view text, std::uint64_t& out) {
-  if (spec.allows_auto && text == "auto") {
-    out = kAuto;
-    return Problem::none;
-  }
-  switch (spec.type) {
-    case ParamType::text:
-      return spec.max != 0 && text.size() > spec.max ? Problem::too_long : Problem::none;
-    case ParamType::choice: {
-      std::string_view rest = spec.choices;
-      for (std::uint64_t i = 0;; ++i) {
-        const std::size_t bar = rest.find('|');
-        if (rest.substr(0, bar) == text) {
-          out = i;
-          return Problem::none;
-        }
-        if (bar == std::string_view::npos) return Problem::malformed;
-        rest.remove_prefix(bar + 1);
-      }
-    }
-    case ParamType::boolean:
-      if (text == "1" || text == "y" || text == "yes" || text == "true" || text == "on") {
-        out = 1;
-        return Problem::none;
-      }
-      if (text == "0" || text == "n" || text == "no" || text == "false" || text == "off") {
-        out = 0;
-        return Problem::none;
-      }
-      return Problem::malformed;
-    case ParamType::unsigned_int:
-    case ParamType::power_of_two: {
-      if (text.empty()) return Problem::malformed;
-      std::uint64_t v = 0;
-      bool overflow = false;
-      for (const char ch : text) {
-        if (ch < '0' || ch > '9') return Problem::malformed;
-        const auto digit = static_cast<std::uint64_t>(ch - '0');
-        if (v > (std::numeric_limits<std::uint64_t>::max() - digit) / 10) overflow = true;
-        else v = v * 10 + digit;
-      }
-      if (overflow || v < spec.min || v > spec.max) return Problem::out_of_range;
-      if (spec.type == ParamType::power_of_two && (v & (v - 1)) != 0) return Problem::not_power_of_two;
-      out = v;
-      return Problem::none;
-    }
-  }
-  return Problem::malformed;
+  return detail::parse_param(spec, text, out);
 }
 
-constexpr bool power_of_two(std::uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+// The union, flat: every row with its position in a Config's values.
+struct Union {
+  std::vector<ParamGroup> groups;
+  std::vector<const ParamSpec*> rows;
+};
 
-// Every row: a distinct AMI_ name, documentation, a sensible range, and a
-// default that passes its own check.
-constexpr bool table_is_sound() {
-  for (std::size_t i = 0; i < std::size(kParamTable); ++i) {
-    const ParamSpec& row = kParamTable[i];
-    if (!row.name.starts_with("AMI_") || row.doc.empty()) return false;
-    for (std::size_t j = 0; j < i; ++j)
-      if (kParamTable[j].name == row.name) return false;
-    const bool numeric = row.type == ParamType::unsigned_int || row.type == ParamType::power_of_two;
-    if (numeric && row.min > row.max) return false;
-    if (row.type == ParamType::power_of_two && !(power_of_two(row.min) && power_of_two(row.max))) return false;
-    if (row.type == ParamType::choice && row.choices.empty()) return false;
-    std::uint64_t ignored = 0;
-    if (check(row, row.default_value, ignored) != Problem::none) return false;
-  }
-  return true;
+const Union& the_union() {
+  static const Union u = [] {
+    Union out;
+    out.groups.push_back({"core", core::kParams});
+    out.groups.push_back({"protocol", protocol::kParams});
+    for (const detail::RegisteredBackend& b : detail::registered_backends())
+      if (!b.info.params.empty()) out.groups.push_back({b.info.name, b.info.params});
+    for (const ParamGroup& g : out.groups)
+      for (const ParamSpec& row : g.rows) out.rows.push_back(&row);
+    return out;
+  }();
+  return u;
 }
-static_assert(table_is_sound(), "config_table.hpp: a row has a bad name, range or default");
 
-// Bounds the code below the table relies on.
-static_assert(ParamName("AMI_VERBS_BOUNCE_SIZE").spec().min >= device::kPacketInlineBytes,
-              "a verbs receive buffer must hold a descriptor's inline bytes");
-static_assert(ParamName("AMI_SHM_CELL_SIZE").spec().min >= 2 * device::kCacheLine &&
-                  ParamName("AMI_SELF_CELL_SIZE").spec().min >= 2 * device::kCacheLine,
-              "a reception queue's cells are at least two cache lines");
-static_assert(ParamName("AMI_RANK").spec().max == ParamName("AMI_SIZE").spec().max - 1,
-              "every rank of the largest job is a valid AMI_RANK");
+// The position of row in the union: the row itself, or one of its name
+// (a table's copy in another module); rows.size() when none.
+std::size_t position(const ParamSpec& row) {
+  const auto& rows = the_union().rows;
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    if (rows[i] == &row) return i;
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    if (rows[i]->name == row.name) return i;
+  return rows.size();
+}
 
 const ParamSpec* find(std::string_view name) {
-  for (const ParamSpec& p : kParamTable)
-    if (p.name == name) return &p;
+  for (const ParamSpec* p : the_union().rows)
+    if (p->name == name) return p;
   return nullptr;
 }
 
@@ -128,11 +81,11 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
 std::string_view nearest_param(std::string_view unknown, std::size_t& distance) {
   std::string_view best;
   distance = std::numeric_limits<std::size_t>::max();
-  for (const ParamSpec& p : kParamTable) {
-    const std::size_t d = edit_distance(unknown, p.name);
+  for (const ParamSpec* p : the_union().rows) {
+    const std::size_t d = edit_distance(unknown, p->name);
     if (d < distance) {
       distance = d;
-      best = p.name;
+      best = p->name;
     }
   }
   return best;
@@ -182,12 +135,10 @@ const char* status_text(Problem problem) {
 
 }  // namespace
 
-std::span<const ParamSpec> config_table() { return kParamTable; }
-
-ParamName::ParamName(const ParamSpec& row) : ParamName(lookup(row.name)) {}
+std::span<const ParamGroup> config_groups() { return the_union().groups; }
 
 ParamName ParamName::lookup(std::string_view name) {
-  if (const ParamSpec* p = find(name)) return {ByIndex{}, static_cast<std::size_t>(p - kParamTable)};
+  if (const ParamSpec* p = find(name)) return *p;
   std::size_t distance = 0;
   throw Error("config: no parameter is named '" + std::string(name) + "' (the closest known name is " +
               std::string(nearest_param(name, distance)) + ")");
@@ -200,10 +151,12 @@ std::string_view closest_param(std::string_view unknown) {
 }
 
 Config::Config() {
-  for (std::size_t i = 0; i < std::size(kParamTable); ++i) {
+  const auto& rows = the_union().rows;
+  values_.resize(rows.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) {
     Value& v = values_[i];
-    v.text = std::string(kParamTable[i].default_value);
-    check(kParamTable[i], v.text, v.number);
+    v.text = std::string(rows[i]->default_value);
+    check(*rows[i], v.text, v.number);
   }
 }
 
@@ -213,7 +166,7 @@ Status Config::set(std::string_view name, std::string_view value) {
   std::uint64_t number = 0;
   if (const Problem p = check(*spec, value, number); p != Problem::none)
     return {StatusCode::invalid_argument, status_text(p)};
-  Value& v = values_[static_cast<std::size_t>(spec - kParamTable)];
+  Value& v = values_[position(*spec)];
   v.text = std::string(value);
   v.number = number;
   v.origin = "set";
@@ -242,7 +195,7 @@ Config Config::from_environment(const char* const* env, std::vector<std::string>
       errors += (errors.empty() ? "" : "; ") + refusal(*spec, value, p);
       continue;
     }
-    Value& v = c.values_[static_cast<std::size_t>(spec - kParamTable)];
+    Value& v = c.values_[position(*spec)];
     v = {std::string(value), number, "environment"};
   }
   if (!errors.empty()) throw Error("configuration: " + errors);
@@ -264,18 +217,25 @@ Config Config::from_environment() {
   }
 }
 
-std::uint64_t Config::number(ParamName name) const { return values_[name.index()].number; }
+const Config::Value& Config::value(ParamName name) const {
+  const std::size_t i = position(name.spec());
+  if (i >= values_.size())
+    throw Error("config: " + std::string(name.name()) + " is declared by no registered component");
+  return values_[i];
+}
+
+std::uint64_t Config::number(ParamName name) const { return value(name).number; }
 
 std::optional<std::uint64_t> Config::number_or_auto(ParamName name) const {
   const std::uint64_t v = number(name);
-  if (v == kAuto) return std::nullopt;
+  if (v == kAutoValue) return std::nullopt;
   return v;
 }
 
 bool Config::flag(ParamName name) const { return number(name) != 0; }
 
-const std::string& Config::text(ParamName name) const { return values_[name.index()].text; }
+const std::string& Config::text(ParamName name) const { return value(name).text; }
 
-std::string_view Config::origin(ParamName name) const { return values_[name.index()].origin; }
+std::string_view Config::origin(ParamName name) const { return value(name).origin; }
 
 }  // namespace ami

@@ -13,7 +13,9 @@
 #include "ami/device/descriptor.hpp"
 #include "ami/error.hpp"
 #include "backend_set.hpp"
+#include "core_config.hpp"
 #include "protocol/eager/request_pool.hpp"
+#include "protocol/protocol_config.hpp"
 
 namespace ami {
 
@@ -76,7 +78,7 @@ std::vector<MemoryDemand> memory_demands(const Config& c, std::uint16_t contexts
   const std::string n = std::to_string(contexts);
   std::vector<MemoryDemand> out;
 
-  const std::uint64_t requests = c.number("AMI_MAX_REQUESTS");
+  const std::uint64_t requests = protocol::Options::from(c).max_requests;
   out.push_back({"requests: AMI_MAX_REQUESTS x contexts x bytes per request",
                  std::to_string(requests) + " x " + n + " x " + std::to_string(kRequestBytes),
                  times(times(requests, contexts), kRequestBytes)});
@@ -85,7 +87,7 @@ std::vector<MemoryDemand> memory_demands(const Config& c, std::uint16_t contexts
   // one peer task (every context to each of its contexts); each further
   // peer talked to costs as much again, which a job of a million tasks
   // that talks to a few neighbours never pays.
-  const std::uint64_t fifo = c.number("AMI_FIFO_DEPTH");
+  const std::uint64_t fifo = core::Options::from(c).fifo_depth;
   const std::uint64_t lanes = times(tasks > 1 ? 1 : 0, times(contexts, contexts));
   out.push_back({"injection FIFOs: AMI_FIFO_DEPTH x lanes to one peer (contexts x contexts) x bytes per slot",
                  std::to_string(fifo) + " x " + std::to_string(lanes) + " x " + std::to_string(kFifoSlotBytes),

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "ami/device/registrar.hpp"
+#include "core_config.hpp"
 
 namespace ami::detail {
 
@@ -32,8 +33,8 @@ class RegistrationCache final : public device::Registrar {
   using DeregisterFn = std::function<void(std::uint32_t region)>;
 
   struct Limits {
-    std::uint32_t max_entries = 256;
-    std::uint64_t max_bytes = std::uint64_t{4} << 30;
+    std::uint32_t max_entries = core::Param("AMI_RCACHE_MAX_ENTRIES").default_as<std::uint32_t>();
+    std::uint64_t max_bytes = core::Param("AMI_RCACHE_MAX_MB").default_as() << 20;
     std::uint32_t idle = 0;  // idle registrations kept
   };
   struct Counters {

@@ -1,7 +1,8 @@
-// ami/config.hpp — one client's values of the tunables in the table
-// (config_table.hpp), read from AMI_* environment variables.
+// ami/config.hpp — one client's values of the tunables, read from AMI_*
+// environment variables. The rows are declared by the components that use
+// them (config_table.hpp); a Config holds the union of every component's.
 //
-// Config::from_environment() reads the table once (the Client does this at
+// Config::from_environment() reads the union once (the Client does this at
 // construction). An unknown AMI_* variable is a warning naming the closest
 // known name: other programs' variables may share the prefix. A value that
 // cannot be right (malformed, out of range) is an ami::Error naming the
@@ -9,18 +10,15 @@
 // that runs on a default instead of what it was given fails later, far from
 // the cause. A Config is a value: copy it, change it, pass it to a Client.
 //
-// The code names a parameter by ParamName. A string literal is checked
-// against the table while compiling, so config.number("AMI_FIFO_DEPHT") does
-// not build (tests/unit/compile_fail_config_name.cpp proves it). A name
-// known only at run time goes through ParamName::lookup(), which throws
-// ami::Error for a name the table lacks; Config::set() takes such names too
-// and refuses them with a Status.
+// The code names a parameter by its component's ParamIn (config_table.hpp),
+// checked while compiling, which converts to a ParamName. A name known only
+// at run time goes through ParamName::lookup(), which throws ami::Error for
+// a name no component declares; Config::set() takes such names too and
+// refuses them with a Status.
 #pragma once
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
-#include <iterator>
 #include <optional>
 #include <span>
 #include <string>
@@ -32,44 +30,36 @@
 
 namespace ami {
 
-// The table.
-std::span<const ParamSpec> config_table();
+// One component's rows, under the component's name ("core", "protocol",
+// "shm", ...).
+struct ParamGroup {
+  std::string_view component;
+  std::span<const ParamSpec> rows;
+};
 
-namespace detail {
-// Deliberately not constexpr: a ParamName built from a literal the table
-// lacks calls it while compiling, so the build stops with this name in the
-// diagnostic. Never called at run time.
-inline void configuration_parameter_name_not_in_table() {}
-}  // namespace detail
+// Every component's rows: the core's, the protocol's, then each registered
+// backend's (BackendInfo::params), in the registry's order. No name is in
+// two of them.
+std::span<const ParamGroup> config_groups();
 
-// A row of the table, by position.
+// A row of some component's table.
 class ParamName {
  public:
-  // A literal: checked while compiling.
-  template <std::size_t N>
-  consteval ParamName(const char (&name)[N]) : index_(index_of(std::string_view(name, N - 1))) {}
-  // A row of config_table(), as when printing every parameter; throws
-  // ami::Error when the row's name is not in the table.
-  ParamName(const ParamSpec& row);  // implicit: config.text(row) reads as it should
+  // A name checked against its component's table while compiling.
+  template <const auto& Rows>
+  constexpr ParamName(ParamIn<Rows> p) : spec_(&p.spec()) {}  // implicit: config.number(Param("AMI_..."))
+  // A row of config_groups(), as when printing every parameter.
+  constexpr ParamName(const ParamSpec& row) : spec_(&row) {}  // implicit: config.text(row) reads as it should
   // A name known only at run time (user input, a tool's argument): throws
-  // ami::Error naming it and the closest known name when the table lacks it.
+  // ami::Error naming it and the closest known name when no component
+  // declares it.
   static ParamName lookup(std::string_view name);
 
-  constexpr std::size_t index() const { return index_; }
-  constexpr const ParamSpec& spec() const { return kParamTable[index_]; }
-  constexpr std::string_view name() const { return spec().name; }
+  constexpr const ParamSpec& spec() const { return *spec_; }
+  constexpr std::string_view name() const { return spec_->name; }
 
  private:
-  struct ByIndex {};
-  constexpr ParamName(ByIndex, std::size_t index) : index_(index) {}
-  static consteval std::size_t index_of(std::string_view name) {
-    for (std::size_t i = 0; i < std::size(kParamTable); ++i)
-      if (kParamTable[i].name == name) return i;
-    detail::configuration_parameter_name_not_in_table();
-    return 0;
-  }
-
-  std::size_t index_;
+  const ParamSpec* spec_;
 };
 
 class Config {
@@ -90,6 +80,7 @@ class Config {
   // value that cannot be right, is refused with invalid_argument and
   // changes nothing.
   Status set(std::string_view name, std::string_view value);
+  // A row no registered component declares throws ami::Error.
   std::uint64_t number(ParamName name) const;
   // For a parameter that allows "auto": nothing when it is auto.
   std::optional<std::uint64_t> number_or_auto(ParamName name) const;
@@ -104,7 +95,8 @@ class Config {
     std::uint64_t number = 0;
     std::string_view origin = "default";
   };
-  std::array<Value, std::size(kParamTable)> values_;  // by position in the table
+  const Value& value(ParamName name) const;
+  std::vector<Value> values_;  // by position in the union, group after group
 };
 
 // The known name closest to an unknown one (edit distance), or "" when none

@@ -1,13 +1,28 @@
-// ami/config_table.hpp — the table of tunables: every AMI_* variable with its
-// type, default, range and documentation, one row each.
+// ami/config_table.hpp — the vocabulary of the tunables: the row type every
+// AMI_* variable is declared with (type, default, range, documentation), the
+// parse of a value against its row, and the name check.
 //
-// It is constexpr data in a header so that a parameter name written in the
-// code is checked against it while compiling (ami::ParamName, config.hpp):
-// a misspelt name does not build. config.cpp reads it; ami_info -c prints it.
+// The rows themselves live with the code that uses them: each component
+// declares its own constexpr table next to its code (the core's in
+// transport/src/core_config.hpp, the protocol's in protocol/protocol_config.hpp,
+// each backend's in its folder, given to the registry by its BackendInfo).
+// The Config holds the union (config.hpp); ami_info -c prints it.
+//
+// A component names its parameters through its own table, as ParamIn<its
+// table>: a string literal is checked against those rows while compiling,
+// so Param("AMI_FIFO_DEPHT") does not build, nor a name another component
+// owns (tests/unit/compile_fail_config_name.cpp proves it). A component
+// that needs another's setting is given the typed value instead.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
+#include <limits>
+#include <optional>
+#include <span>
 #include <string_view>
+#include <type_traits>
 
 namespace ami {
 
@@ -26,147 +41,152 @@ struct ParamSpec {
   bool secret = false;            // its value is never printed
 };
 
-// Every bound below is one a job can use on today's hosts: a value beyond it
-// is a mistake (AMI_SIZE=100000000 is a typo, not a job), refused when the
-// configuration is read. Settings whose product is the memory a client
-// allocates (depths times cell sizes, requests, FIFOs) are also checked
-// together against the host's memory when a Client starts.
-inline constexpr ParamSpec kParamTable[] = {
-    {"AMI_FIFO_DEPTH", "256", ParamType::power_of_two, 4, 65536,
-     "Slots in each lane's injection FIFO (a power of two, at most 65536); also the most descriptors "
-     "in flight per lane."},
-    {"AMI_MAX_REQUESTS", "1024", ParamType::unsigned_int, 1, 1u << 20,
-     "Requests per context (at most 1048576) for instructions that wait in the work queue or for a "
-     "remote answer."},
-    {"AMI_SELF_QUEUE_DEPTH", "256", ParamType::power_of_two, 4, 65536,
-     "Cells in each context's reception queue for same-process peers (a power of two, at most 65536)."},
-    {"AMI_SELF_CELL_SIZE", "8192", ParamType::power_of_two, 256, 4u << 20,
-     "Bytes per cell of the self backend's queues, so its largest packet (a power of two, at most "
-     "4 MiB)."},
-    {"AMI_SHM_RING_DEPTH", "256", ParamType::power_of_two, 4, 65536,
-     "Cells in each context's shared-memory ring (a power of two, at most 65536; every peer on the host "
-     "writes into it)."},
-    {"AMI_SHM_CELL_SIZE", "256", ParamType::power_of_two, 128, 4u << 20,
-     "Bytes per shared-memory ring cell (a power of two, at most 4 MiB), so the largest packet between "
-     "processes; small cells keep the ring in cache (message rate), large ones cut fewer packets "
-     "(eager bandwidth)."},
-    {"AMI_SHM_CMA", "on", ParamType::boolean, 0, 1,
-     "PUT/GET between processes with one copy by process_vm_writev/readv; off copies through the rings."},
-    {"AMI_SHM_STALL_TIMEOUT", "1000", ParamType::unsigned_int, 1, 3600000,
-     "Milliseconds, once a peer on the host failed, that the next cell of a context's ring may stay "
-     "reserved but unwritten before it is skipped: a process that died holding it blocks the rest."},
-    {"AMI_RANK", "0", ParamType::unsigned_int, 0, (1u << 20) - 1,
-     "This process's rank in the job, below AMI_SIZE (when not started by a tool or a PMIx launcher)."},
-    {"AMI_SIZE", "1", ParamType::unsigned_int, 1, 1u << 20,
-     "Processes in the job, at most 1048576; 1 needs no bootstrap."},
-    {"AMI_BOOTSTRAP", "", ParamType::text, 0, 0,
-     "host:port where rank 0 listens and the other ranks connect to exchange addresses."},
-    {"AMI_BOOTSTRAP_TIMEOUT", "30000", ParamType::unsigned_int, 1, 3600000,
-     "Milliseconds to wait for the bootstrap: connecting to rank 0 and each exchange (PMIx: each "
-     "fence and get, in whole seconds)."},
-    {"AMI_JOB_KEY", "", ParamType::text, 0, 256,
-     "Shared secret every rank of a TCP-bootstrapped job presents to rank 0, which refuses (and logs) "
-     "connections without it. Set the same value on every rank; ami's tools set a random one for the "
-     "processes they start. At most 256 bytes.",
-     false, {}, true},
-    {"AMI_BOOTSTRAP_MODE", "auto", ParamType::choice, 0, 0,
-     "How the job's tasks find each other: pmix (rank, size and the address exchange from the PMIx "
-     "launcher that started the process: mpirun, prterun, srun --mpi=pmix; an error without one), "
-     "tcp (AMI_RANK, AMI_SIZE, AMI_BOOTSTRAP), or auto: pmix when a PMIx launcher started the "
-     "process and neither the program nor AMI_RANK, AMI_SIZE, AMI_BOOTSTRAP gives the job, tcp "
-     "otherwise.", false, "auto|pmix|tcp"},
-    {"AMI_BACKENDS", "self,shm,verbs", ParamType::text, 0, 0,
-     "Backends this process may use, comma-separated from self, shm, verbs. A peer is reached by the "
-     "first of self, shm, verbs (in that order) that is listed and reaches it; leave out shm to run "
-     "same-host peers over verbs."},
-    {"AMI_REACHABILITY", "all", ParamType::choice, 0, 0,
-     "all: the Client fails at creation, on every task and naming the pair, when some task cannot "
-     "reach another (AMI_BACKENDS, another host without verbs, a segment it cannot map); symmetric: "
-     "tasks may be apart, for a job whose tasks only watch each other, but never one way only.",
-     false, "all|symmetric"},
-    {"AMI_NET_DEVICES", "", ParamType::text, 0, 0,
-     "RDMA device and port for the verbs backend, as device[:port] (rxe0:1, mlx5_0); empty: the "
-     "first active port."},
-    // The GID index travels in an 8-bit field of the address handle.
-    {"AMI_VERBS_GID_INDEX", "auto", ParamType::unsigned_int, 0, 255,
-     "GID index for RoCE: auto picks the RoCE v2 IPv4-mapped GID; or a number, at most 255.", true},
-    {"AMI_VERBS_CM", "auto", ParamType::boolean, 0, 1,
-     "Connect queue pairs with rdma_cm (on), by exchanging their numbers through the bootstrap "
-     "(off), or auto: rdma_cm on RoCE, the exchange on InfiniBand.", true},
-    {"AMI_VERBS_MTU", "auto", ParamType::power_of_two, 256, 4096,
-     "Largest path MTU: auto (the port's active MTU) or 256, 512, 1024, 2048, 4096.", true},
-    {"AMI_VERBS_SQ_DEPTH", "256", ParamType::unsigned_int, 2, 65536,
-     "Send work requests per queue pair, at most 65536; at least AMI_FIFO_DEPTH + 1 is used."},
-    {"AMI_VERBS_SRQ_DEPTH", "auto", ParamType::unsigned_int, 16, 65536,
-     "Receive buffers per context in its shared receive queue: auto (512 on a NIC, 128 on a "
-     "software device: soft-RoCE, siw) or a number, at most 65536.", true},
-    {"AMI_VERBS_SIGNAL_INTERVAL", "16", ParamType::unsigned_int, 1, 65536,
-     "One send work request in this many asks for a completion; one completion retires the run "
-     "before it."},
-    {"AMI_VERBS_DOORBELL_BATCH", "16", ParamType::unsigned_int, 1, 256,
-     "Work requests one ibv_post_send carries in a burst: a lane's first send since the last "
-     "advance goes at once, later ones wait until this many are ready, and advance posts the "
-     "rest (1: every send rings the doorbell)."},
-    {"AMI_VERBS_MAX_RDMA", "auto", ParamType::power_of_two, 4096, 1ull << 31,
-     "Largest RDMA WRITE or READ one work request carries: auto (the port's largest message) or "
-     "a power of two, at most 2 GiB; longer PUTs, GETs and rendezvous transfers go in pieces this "
-     "long. On a lossy link shorter pieces each see fewer losses (an RC queue pair counts its "
-     "retries per work request).", true},
-    {"AMI_VERBS_MAX_INLINE", "auto", ParamType::unsigned_int, 0, 65536,
-     "Bytes a send carries inline in its work request: auto (the most the device takes) or a "
-     "number, 0 for never.", true},
-    {"AMI_VERBS_IMMEDIATE", "on", ParamType::boolean, 0, 1,
-     "Send a whole small message as a SEND with immediate: the immediate stands for its short "
-     "header, so 4096 bytes fill one 4096-byte MTU frame, not two (off: the header travels in "
-     "the packet)."},
-    {"AMI_VERBS_TIMEOUT", "14", ParamType::unsigned_int, 1, 31,
-     "RC local ACK timeout: 4.096 us x 2^value before a send is retried (14: 67 ms)."},
-    {"AMI_VERBS_RETRY_COUNT", "6", ParamType::unsigned_int, 0, 6,
-     "RC transport retries before a lane fails (with AMI_VERBS_TIMEOUT: how long a peer may stay "
-     "silent). At most 6: soft-RoCE takes 7 as retry forever, and a dead peer would never be found."},
-    // At least 512: a receive buffer must hold a descriptor's inline bytes (320).
-    {"AMI_VERBS_BOUNCE_SIZE", "auto", ParamType::power_of_two, 512, 1u << 20,
-     "Bytes per receive buffer, so the largest packet over verbs: auto (8 KiB on a NIC; 128 KiB "
-     "on a software device, where each work request and completion costs the kernel's CPU as much "
-     "as pages of data) or a power of two from 512 B to 1 MiB.", true},
-    {"AMI_MAX_REGIONS", "4096", ParamType::unsigned_int, 1, 1u << 20,
-     "Memory registrations a client holds at once, at most 1048576."},
-    {"AMI_RNDV_MODE", "auto", ParamType::choice, 0, 0,
-     "What a receiver does when it stops an eager message: discard_get (drop the eager packets, "
-     "GET it all), split_get (keep them, GET the rest from both ends), stop_put (the sender PUTs "
-     "the rest into the receive buffer; a rest of 16 KiB or more is shared with the receiver's GET), "
-     "or auto: stop_put.", false, "auto|discard_get|split_get|stop_put"},
-    {"AMI_RNDV_CROSSOVER", "auto", ParamType::unsigned_int, 0, 1ull << 40,
-     "Eager bytes still to come above which a receiver stops a message and moves the rest by "
-     "RDMA: auto (the backend's figure for the lane) or bytes (1 TiB: never).", true},
-    {"AMI_RNDV_LOW_WATER", "75", ParamType::unsigned_int, 1, 100,
-     "Percent of a context's reception buffers in use at which it stops every eager message it "
-     "can."},
-    {"AMI_ACK_IDLE_THRESHOLD", "8", ParamType::unsigned_int, 0, 1u << 20,
-     "Idle advances (advances in which nothing arrived) after which a context acknowledges every "
-     "message it owes an answer, coalesced per origin; 0 answers each at once."},
-    {"AMI_ACK_MAX_UNACKED", "64", ParamType::unsigned_int, 1, 1u << 20,
-     "Messages from one origin a context leaves unacknowledged at most (at most 1048576): under "
-     "sustained load it acknowledges them at once when that many are waiting."},
-    {"AMI_KEEPALIVE_INTERVAL", "1000", ParamType::unsigned_int, 0, 3600000,
-     "Milliseconds between keepalives to a peer this context waits on (for an answer, or the rest "
-     "of a message) that sent nothing meanwhile; a lane that cannot deliver one fails the peer. "
-     "0: none."},
-    {"AMI_RCACHE_MAX_ENTRIES", "256", ParamType::unsigned_int, 1, 1u << 20,
-     "Registrations each context's registration cache holds (in use and idle), at most 1048576."},
-    {"AMI_RCACHE_MAX_MB", "4096", ParamType::unsigned_int, 1, 1u << 24,
-     "MiB of memory each context's registration cache keeps registered (pinned, on verbs), at most "
-     "16777216 (16 TiB)."},
-    {"AMI_RCACHE_IDLE", "auto", ParamType::unsigned_int, 0, 1u << 20,
-     "Idle registrations kept for reuse: auto keeps 64 without verbs and none with it (a pinned "
-     "registration kept past free() would point at the old pages).", true},
-    {"AMI_COLL_EAGER_MAX", "8192", ParamType::unsigned_int, 0, 1u << 30,
-     "Bytes up to which a collective's message that comes before its call waits in an early-arrival "
-     "buffer, and a contribution to a reduction is combined piece by piece as its packets arrive; a "
-     "larger one waits at its sender and comes by the rendezvous straight into place. At most 1 GiB."},
-    {"AMI_COLL_RING_MIN", "65536", ParamType::unsigned_int, 0, 1ull << 40,
-     "Bytes from which allreduce runs as a ring (reduce-scatter, then allgather, each block straight "
-     "into the receive buffer) rather than by recursive doubling; the same on every task."},
+// Every bound a table gives is one a job can use on today's hosts: a value
+// beyond it is a mistake (AMI_SIZE=100000000 is a typo, not a job), refused
+// when the configuration is read. Settings whose product is the memory a
+// client allocates (depths times cell sizes, requests, FIFOs) are also
+// checked together against the host's memory when a Client starts.
+
+namespace detail {
+
+// The number an "auto" value reads as.
+inline constexpr std::uint64_t kAutoValue = ~std::uint64_t{0};
+
+// Why a value cannot be right.
+enum class ParamProblem : std::uint8_t { none, malformed, out_of_range, not_power_of_two, too_long };
+
+// Reads text as spec's type into out. constexpr, so each table's own
+// defaults are checked while compiling (rows_are_sound) and the typed
+// options take their defaults from them.
+constexpr ParamProblem parse_param(const ParamSpec& spec, std::string_view text, std::uint64_t& out) {
+  if (spec.allows_auto && text == "auto") {
+    out = kAutoValue;
+    return ParamProblem::none;
+  }
+  switch (spec.type) {
+    case ParamType::text:
+      return spec.max != 0 && text.size() > spec.max ? ParamProblem::too_long : ParamProblem::none;
+    case ParamType::choice: {
+      std::string_view rest = spec.choices;
+      for (std::uint64_t i = 0;; ++i) {
+        const std::size_t bar = rest.find('|');
+        if (rest.substr(0, bar) == text) {
+          out = i;
+          return ParamProblem::none;
+        }
+        if (bar == std::string_view::npos) return ParamProblem::malformed;
+        rest.remove_prefix(bar + 1);
+      }
+    }
+    case ParamType::boolean:
+      if (text == "1" || text == "y" || text == "yes" || text == "true" || text == "on") {
+        out = 1;
+        return ParamProblem::none;
+      }
+      if (text == "0" || text == "n" || text == "no" || text == "false" || text == "off") {
+        out = 0;
+        return ParamProblem::none;
+      }
+      return ParamProblem::malformed;
+    case ParamType::unsigned_int:
+    case ParamType::power_of_two: {
+      if (text.empty()) return ParamProblem::malformed;
+      std::uint64_t v = 0;
+      bool overflow = false;
+      for (const char ch : text) {
+        if (ch < '0' || ch > '9') return ParamProblem::malformed;
+        const auto digit = static_cast<std::uint64_t>(ch - '0');
+        if (v > (std::numeric_limits<std::uint64_t>::max() - digit) / 10) overflow = true;
+        else v = v * 10 + digit;
+      }
+      if (overflow || v < spec.min || v > spec.max) return ParamProblem::out_of_range;
+      if (spec.type == ParamType::power_of_two && (v & (v - 1)) != 0) return ParamProblem::not_power_of_two;
+      out = v;
+      return ParamProblem::none;
+    }
+  }
+  return ParamProblem::malformed;
+}
+
+constexpr bool is_power_of_two(std::uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+// Deliberately not constexpr: a ParamIn built from a literal its table
+// lacks calls it while compiling, so the build stops with this name in the
+// diagnostic. Never called at run time.
+inline void configuration_parameter_name_not_in_table() {}
+// The same for a typed default taken from a row whose default is auto, or
+// that does not fit the field's type.
+inline void configuration_default_is_auto_or_does_not_fit() {}
+
+}  // namespace detail
+
+// Every row of one component's table: a distinct AMI_ name, documentation,
+// a sensible range, and a default that passes its own check. Each table
+// static_asserts it; distinct names across tables are the union's test.
+constexpr bool rows_are_sound(std::span<const ParamSpec> rows) {
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const ParamSpec& row = rows[i];
+    if (!row.name.starts_with("AMI_") || row.doc.empty()) return false;
+    for (std::size_t j = 0; j < i; ++j)
+      if (rows[j].name == row.name) return false;
+    const bool numeric = row.type == ParamType::unsigned_int || row.type == ParamType::power_of_two;
+    if (numeric && row.min > row.max) return false;
+    if (row.type == ParamType::power_of_two && !(detail::is_power_of_two(row.min) && detail::is_power_of_two(row.max)))
+      return false;
+    if (row.type == ParamType::choice && row.choices.empty()) return false;
+    std::uint64_t ignored = 0;
+    if (detail::parse_param(row, row.default_value, ignored) != detail::ParamProblem::none) return false;
+  }
+  return true;
+}
+
+// A row of one component's table (Rows), by a name checked while compiling.
+// It converts to ParamName (config.hpp), which is what a Config reads by.
+// Its defaults are the typed options' defaults: written once, in the row.
+template <const auto& Rows>
+class ParamIn {
+ public:
+  template <std::size_t N>
+  consteval ParamIn(const char (&name)[N]) : index_(index_of(std::string_view(name, N - 1))) {}
+
+  constexpr const ParamSpec& spec() const { return Rows[index_]; }
+  constexpr std::string_view name() const { return spec().name; }
+
+  // The row's default as T: a number, a flag's 0 or 1, a choice's position
+  // (cast to its enum). A default of auto does not build: use default_or_auto.
+  template <class T = std::uint64_t>
+  consteval T default_as() const {
+    const std::uint64_t v = parsed_default();
+    if (v == detail::kAutoValue) detail::configuration_default_is_auto_or_does_not_fit();
+    if constexpr (std::is_enum_v<T>) {
+      return static_cast<T>(v);
+    } else {
+      if (v > static_cast<std::uint64_t>(std::numeric_limits<T>::max()))
+        detail::configuration_default_is_auto_or_does_not_fit();
+      return static_cast<T>(v);
+    }
+  }
+  // For a row that allows auto: nothing when its default is auto.
+  template <class T = std::uint64_t>
+  consteval std::optional<T> default_or_auto() const {
+    if (parsed_default() == detail::kAutoValue) return std::nullopt;
+    return default_as<T>();
+  }
+
+ private:
+  consteval std::uint64_t parsed_default() const {
+    std::uint64_t v = 0;
+    detail::parse_param(spec(), spec().default_value, v);
+    return v;
+  }
+  static consteval std::size_t index_of(std::string_view name) {
+    for (std::size_t i = 0; i < std::size(Rows); ++i)
+      if (Rows[i].name == name) return i;
+    detail::configuration_parameter_name_not_in_table();
+    return 0;
+  }
+
+  std::size_t index_;
 };
 
 }  // namespace ami

@@ -46,6 +46,9 @@ struct BackendSetup {
   const Config& config;
   // Every registration of the task; remote keys are checked against it.
   RegionTable& regions;
+  // Slots in each lane's injection FIFO (the core's AMI_FIFO_DEPTH): the
+  // most descriptors a lane has in flight.
+  std::uint32_t fifo_depth = 0;
 };
 
 // What every task publishes besides its backends' entries.
@@ -159,6 +162,9 @@ struct MemoryDemand {
 // A backend as the registry lists it, before it is opened.
 struct BackendInfo {
   std::string_view name;
+  // Its tunables (config_table.hpp), declared next to its code: part of
+  // every Config, printed by ami_info -c under its name.
+  std::span<const ParamSpec> params;
   // The most contexts a task may have with this backend in use.
   std::uint16_t max_contexts = 0xFFFF;
   // Can this host have it at all (an active RDMA port)? why says what is
