@@ -67,12 +67,21 @@ ShmDevice::Step ShmDevice::send_packet(ShmLane& lane, const device::PacketDescri
 }
 
 ShmDevice::Step ShmDevice::execute(ShmLane& lane, std::uint64_t n) {
+  return device::visit(lane.fifo().at(n), device::Cases{
+      .packet = [&](const device::PacketDescriptor& p) { return send_packet(lane, p); },
+      .put = [&](const device::RdmaDescriptor&) { return rdma(lane, n, true); },
+      .get = [&](const device::RdmaDescriptor&) { return rdma(lane, n, false); },
+  });
+}
+
+// PUT and GET go the same way: into a mapped region, by CMA, or through
+// the rings (one started through the rings goes on there).
+ShmDevice::Step ShmDevice::rdma(ShmLane& lane, std::uint64_t n, bool put) {
   device::Descriptor& d = lane.fifo().at(n);
-  if (d.kind == device::DescriptorKind::packet) return send_packet(lane, d.packet);
   const bool fresh = !lane.get_waiting_ && !lane.put_waiting_ && lane.put_sent_ == 0;
   if (fresh && d.rdma.remote.shared_fd != 0) return rdma_mapped(lane, n);
   if (fresh && domain_.cma()) return rdma_cma(lane, n);
-  return d.kind == device::DescriptorKind::put ? put_through_ring(lane, n) : get_through_ring(lane, n);
+  return put ? put_through_ring(lane, n) : get_through_ring(lane, n);
 }
 
 // Descriptors run strictly in order, so the counter is also the next one to

@@ -99,6 +99,7 @@ class ShmDevice final : public device::Device {
   std::size_t drain_lane(ShmLane& lane, bool packets_only = false);
   Step execute(ShmLane& lane, std::uint64_t n);
   Step send_packet(ShmLane& lane, const device::PacketDescriptor& p);
+  Step rdma(ShmLane& lane, std::uint64_t n, bool put);
   void deliver(device::PacketSink& sink, const device::ReceptionQueue::Arrival& a);
   ShmLane* lane_from(const device::ReceptionQueue::Origin& origin);
 

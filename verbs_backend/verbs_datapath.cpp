@@ -93,13 +93,15 @@ std::byte* VerbsLane::stage(std::uint32_t bytes) {
   wr.num_sge = 0;
   wr.send_flags = 0;
   bool signal = false;
-  if (d.kind == device::DescriptorKind::packet) {
-    const device::PacketDescriptor& p = d.packet;
+  // What a kind's case made of the descriptor: a WR, a refusal (refuse()
+  // made its WR), or nothing yet (no staging room).
+  enum class Made { wr, refused, stalled };
+  auto packet = [&](const device::PacketDescriptor& p) {
     if (p.inline_len > device::kPacketInlineBytes || std::uint64_t{p.inline_len} + p.payload_len > lane.max_packet_ ||
         (p.payload == nullptr && p.payload_len != 0)) {
       refuse(lane, n, wr,
              {StatusCode::invalid_argument, "verbs: packet larger than the lane's max_packet()"});
-      return true;
+      return Made::refused;
     }
     // The compact form goes as a SEND with immediate, without its prefix.
     const std::uint16_t skip =
@@ -126,23 +128,23 @@ std::byte* VerbsLane::stage(std::uint32_t bytes) {
       std::byte* staged = nullptr;
       if (p.payload_len != 0) {
         staged = lane.stage(p.payload_len);
-        if (staged == nullptr) return false;
+        if (staged == nullptr) return Made::stalled;
         std::memcpy(staged, p.payload, p.payload_len);
       }
       add_sge(wr, head, head_len, lane.slots_mr_->lkey);
       add_sge(wr, staged, p.payload_len, lane.staging_mr_->lkey);
     }
-  } else {
-    const device::RdmaDescriptor& x = d.rdma;
+    return Made::wr;
+  };
+  auto rdma = [&](const device::RdmaDescriptor& x, bool get) {
     if (!inside_key(x)) {
       refuse(lane, n, wr, {StatusCode::remote_access, "verbs: range lies outside the remote key's region"});
-      return true;
+      return Made::refused;
     }
     if (x.length > domain_.port().max_msg) {
       refuse(lane, n, wr, {StatusCode::invalid_argument, "verbs: longer than the port's largest message"});
-      return true;
+      return Made::refused;
     }
-    const bool get = d.kind == device::DescriptorKind::get;
     wr.opcode = get ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
     wr.wr.rdma.remote_addr = x.remote_address;
     wr.wr.rdma.rkey = x.remote.backend_key;
@@ -150,7 +152,14 @@ std::byte* VerbsLane::stage(std::uint32_t bytes) {
     // A small WRITE goes inline: the data rides in the WR, the NIC fetches nothing.
     if (!get && x.length <= max_inline_) wr.send_flags = IBV_SEND_INLINE;
     signal = get;
-  }
+    return Made::wr;
+  };
+  const Made made = device::visit(d, device::Cases{
+      .packet = packet,
+      .put = [&](const device::RdmaDescriptor& x) { return rdma(x, false); },
+      .get = [&](const device::RdmaDescriptor& x) { return rdma(x, true); },
+  });
+  if (made != Made::wr) return made == Made::refused;
   choose_signal(lane, n, wr, signal);
   return true;
 }

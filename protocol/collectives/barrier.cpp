@@ -29,6 +29,16 @@ Status GeometryImpl::barrier(Callback done) {
   return Status::success();
 }
 
+// A round carries nothing; barriers keep no records, so every round, for
+// whichever barrier, goes to barrier_arrival().
+void GeometryImpl::barrier_message(const Header& h, std::uint32_t origin, const Incoming& in, Receive* recv) {
+  if (recv != nullptr || !in.payload.empty()) {
+    malformed(recv);
+    return;
+  }
+  barrier_arrival(h, origin);
+}
+
 void GeometryImpl::barrier_arrival(const Header& h, std::uint32_t origin) {
   BarrierState& b = barrier_;
   if (h.step >= b.rounds || origin != b.from[h.step]) {
@@ -54,6 +64,13 @@ void GeometryImpl::barrier_arrival(const Header& h, std::uint32_t origin) {
     if (bits == &b.current) b.fail(failure_);
   }
   if (b.active && bits == &b.current) barrier_progress();
+}
+
+void GeometryImpl::barrier_member_failed(std::uint32_t dead, Status reason) {
+  BarrierState& b = barrier_;
+  if (!b.active || !b.result.ok() || !barrier_waits_on(dead)) return;
+  b.fail(reason);
+  barrier_progress();
 }
 
 bool GeometryImpl::barrier_waits_on(std::uint32_t dead) const {

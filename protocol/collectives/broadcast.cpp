@@ -115,7 +115,7 @@ void GeometryImpl::broadcast_data(const Header& h, std::uint32_t origin, const I
   b.receiving = true;
 }
 
-void GeometryImpl::broadcast_received(Status s) {
+void GeometryImpl::broadcast_received(std::uint32_t, Status s) {
   BroadcastState& b = broadcast_;
   b.receiving = false;
   if (!s.ok()) {

@@ -22,8 +22,14 @@
 // callers' buffers; scratch from the pool holds only partial results that
 // have no caller's buffer (an inner node of a reduce, the steps of
 // recursive doubling).
+//
+// Every event of an operation goes to its kind's Algorithm row, a table
+// indexed by Kind that the geometry's constructor ties to each operation:
+// the geometry names no kind when it routes, and a kind without a full row
+// does not compile (docs/DESIGN.md, Dispatch).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -44,6 +50,25 @@ class GeometryImpl;
 
 struct Operation;
 
+// A kind's algorithm: what the geometry calls for each event of one of its
+// operations. One row per kind in GeometryImpl::kAlgorithms, in Kind order.
+struct Algorithm {
+  Kind kind = Kind::barrier;
+  Operation& (*state)(GeometryImpl& g) = nullptr;  // the geometry's operation of this kind
+  // Any arrival of this kind from a member (origin: its rank), whichever
+  // operation it is for.
+  void (GeometryImpl::*arrival)(const Header& h, std::uint32_t origin, const Incoming& in, Receive* recv) = nullptr;
+  // A send of the operation (index: which, numbered by the kind) is complete.
+  void (GeometryImpl::*sent)(std::uint32_t index) = nullptr;
+  // A receive of the operation is complete.
+  void (GeometryImpl::*received)(std::uint32_t index, Status s) = nullptr;
+  // A record the operation took while it was receiving is ready.
+  void (GeometryImpl::*kept)(Arrival& a) = nullptr;
+  // The member of rank dead failed: the operation ends with reason if it
+  // needs that member.
+  void (GeometryImpl::*member_failed)(std::uint32_t dead, Status reason) = nullptr;
+};
+
 // The cookie of a send's local completion or of a receive's done: which
 // operation, and which of its sends or receives (each kind numbers them).
 struct Tag {
@@ -55,6 +80,7 @@ struct Tag {
 struct Operation {
   Kind kind = Kind::barrier;
   GeometryImpl* geometry = nullptr;
+  const Algorithm* algorithm = nullptr;  // the kind's row, set with the geometry
   bool active = false;
   bool done_posted = false;  // finished; done runs in the next advance()
   std::uint32_t seq = 0;     // the active operation's, else the next call's
@@ -191,7 +217,6 @@ class GeometryImpl {
   void member_failed(std::uint32_t task, Status why);
 
  private:
-  Operation& operation(Kind kind);
   Status begin(Operation& op, Callback done, const char* busy);
   // Sends payload to rank `to` as step of op (tag: which of op's sends);
   // false (op failed) when refused.
@@ -202,7 +227,31 @@ class GeometryImpl {
   void keep_early(const Header& h, std::uint32_t origin, const Incoming& in, Receive* recv);
   void malformed(Receive* recv);
 
+  // The rows, by Kind; and the adapters that fit a kind's functions to a
+  // row (geometry.cpp).
+  static const std::array<Algorithm, kKinds> kAlgorithms;
+  template <auto State>
+  static Operation& state_of(GeometryImpl& g);
+  // An arrival for a kind that keeps records: a stale one is counted, one
+  // for a later operation kept early, one for the active operation given
+  // to Data.
+  template <auto State, void (GeometryImpl::*Data)(const Header&, std::uint32_t, const Incoming&, Receive*)>
+  void route(const Header& h, std::uint32_t origin, const Incoming& in, Receive* recv);
+  // A send complete, for a kind that then only sees whether it can go on.
+  template <void (GeometryImpl::*Check)()>
+  void then(std::uint32_t index);
+  // A collective with data fails outright when a member fails; Check ends
+  // it once nothing of it is in flight.
+  template <auto State, void (GeometryImpl::*Check)()>
+  void fail_active(std::uint32_t dead, Status reason);
+  // An event a kind never has (a barrier sends no payload and receives
+  // nothing).
+  template <class... Args>
+  void never(Args...) {}
+
   // barrier.cpp
+  void barrier_message(const Header& h, std::uint32_t origin, const Incoming& in, Receive* recv);
+  void barrier_member_failed(std::uint32_t dead, Status reason);
   void barrier_arrival(const Header& h, std::uint32_t origin);
   void barrier_progress();
   bool barrier_waits_on(std::uint32_t dead_rank) const;  // a round from it not yet heard
@@ -211,7 +260,7 @@ class GeometryImpl {
   bool broadcast_expects(const Header& h, std::uint32_t origin, std::size_t bytes);
   void broadcast_take(Arrival* a);
   void broadcast_data(const Header& h, std::uint32_t origin, const Incoming& in, Receive* recv);
-  void broadcast_received(Status s);
+  void broadcast_received(std::uint32_t index, Status s);
   void broadcast_kept(Arrival& a);
   void broadcast_forward();
   void broadcast_check();

@@ -1,7 +1,8 @@
 // protocol/collectives/geometry.cpp — what every kind of collective shares
 // on a geometry: starting an operation, its messages' headers and sends,
 // and routing an arrival to the operation in flight, to the early list, or
-// away (stale, malformed).
+// away (stale, malformed). Each event goes to the row of its operation's
+// kind in kAlgorithms; the geometry itself names no kind.
 #include <cstring>
 
 #include "protocol/collectives/engine.hpp"
@@ -17,7 +18,76 @@ void init(Operation& op, Kind kind, GeometryImpl* g, std::size_t tags) {
   for (std::size_t i = 0; i < tags; ++i) op.tags[i] = Tag{&op, static_cast<std::uint32_t>(i)};
 }
 
+// Every row is at its kind's index and names every event's function.
+consteval bool complete(const std::array<Algorithm, kKinds>& rows) {
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Algorithm& a = rows[i];
+    if (static_cast<std::size_t>(a.kind) != i || a.state == nullptr || a.arrival == nullptr || a.sent == nullptr ||
+        a.received == nullptr || a.kept == nullptr || a.member_failed == nullptr)
+      return false;
+  }
+  return true;
+}
+
 }  // namespace
+
+template <auto State>
+Operation& GeometryImpl::state_of(GeometryImpl& g) {
+  return g.*State;
+}
+
+template <void (GeometryImpl::*Check)()>
+void GeometryImpl::then(std::uint32_t) {
+  (this->*Check)();
+}
+
+template <auto State, void (GeometryImpl::*Check)()>
+void GeometryImpl::fail_active(std::uint32_t, Status reason) {
+  Operation& op = this->*State;
+  if (!op.active) return;
+  op.fail(reason);
+  (this->*Check)();
+}
+
+// Adding a kind: its state, its functions and a row here, at the kind's
+// index (complete() refuses a missing or empty one).
+constexpr std::array<Algorithm, kKinds> GeometryImpl::kAlgorithms{{
+    {.kind = Kind::barrier,
+     .state = &state_of<&GeometryImpl::barrier_>,
+     .arrival = &GeometryImpl::barrier_message,
+     .sent = &GeometryImpl::never<std::uint32_t>,
+     .received = &GeometryImpl::never<std::uint32_t, Status>,
+     .kept = &GeometryImpl::never<Arrival&>,
+     .member_failed = &GeometryImpl::barrier_member_failed},
+    {.kind = Kind::broadcast,
+     .state = &state_of<&GeometryImpl::broadcast_>,
+     .arrival = &GeometryImpl::route<&GeometryImpl::broadcast_, &GeometryImpl::broadcast_data>,
+     .sent = &GeometryImpl::then<&GeometryImpl::broadcast_check>,
+     .received = &GeometryImpl::broadcast_received,
+     .kept = &GeometryImpl::broadcast_kept,
+     .member_failed = &GeometryImpl::fail_active<&GeometryImpl::broadcast_, &GeometryImpl::broadcast_check>},
+    {.kind = Kind::reduce,
+     .state = &state_of<&GeometryImpl::reduce_>,
+     .arrival = &GeometryImpl::route<&GeometryImpl::reduce_, &GeometryImpl::reduce_data>,
+     .sent = &GeometryImpl::then<&GeometryImpl::reduce_check>,
+     .received = &GeometryImpl::reduce_received,
+     .kept = &GeometryImpl::reduce_kept,
+     .member_failed = &GeometryImpl::fail_active<&GeometryImpl::reduce_, &GeometryImpl::reduce_check>},
+    {.kind = Kind::allreduce,
+     .state = &state_of<&GeometryImpl::allreduce_>,
+     .arrival = &GeometryImpl::route<&GeometryImpl::allreduce_, &GeometryImpl::allreduce_data>,
+     .sent = &GeometryImpl::allreduce_sent,
+     .received = &GeometryImpl::allreduce_received,
+     .kept = &GeometryImpl::allreduce_kept,
+     .member_failed = &GeometryImpl::fail_active<&GeometryImpl::allreduce_, &GeometryImpl::allreduce_check>},
+    {.kind = Kind::allgather,
+     .state = &state_of<&GeometryImpl::allgather_>,
+     .arrival = &GeometryImpl::route<&GeometryImpl::allgather_, &GeometryImpl::allgather_data>,
+     .sent = &GeometryImpl::then<&GeometryImpl::allgather_progress>,
+     .received = &GeometryImpl::allgather_received,
+     .kept = &GeometryImpl::allgather_kept,
+     .member_failed = &GeometryImpl::fail_active<&GeometryImpl::allgather_, &GeometryImpl::allgather_progress>},
+}};
 
 GeometryImpl::GeometryImpl(Engine& engine, std::uint32_t id, std::vector<std::uint32_t> tasks,
                            std::uint32_t job_size)
@@ -38,6 +108,8 @@ GeometryImpl::GeometryImpl(Engine& engine, std::uint32_t id, std::vector<std::ui
   init(reduce_, Kind::reduce, this, ReduceState::kMaxChildren + 1);
   init(allreduce_, Kind::allreduce, this, 2 * steps);
   init(allgather_, Kind::allgather, this, 2 * std::size_t{size});
+  static_assert(complete(kAlgorithms), "every collective kind needs a full row in kAlgorithms, in Kind order");
+  for (const Algorithm& a : kAlgorithms) a.state(*this).algorithm = &a;
   barrier_.rounds = topology::rounds(size);
   for (std::uint32_t k = 0; k < barrier_.rounds; ++k) {
     barrier_.to.push_back(topology::dissemination_to(rank, size, k));
@@ -58,17 +130,6 @@ GeometryImpl::GeometryImpl(Engine& engine, std::uint32_t id, std::vector<std::ui
   for (std::uint32_t t : this->tasks)  // a member that failed before the geometry was made here
     if (Status s = engine.context.peer_status({t, engine.context.index()}); s == StatusCode::peer_failed)
       member_failed(t, s);
-}
-
-Operation& GeometryImpl::operation(Kind kind) {
-  switch (kind) {
-    case Kind::barrier: return barrier_;
-    case Kind::broadcast: return broadcast_;
-    case Kind::reduce: return reduce_;
-    case Kind::allreduce: return allreduce_;
-    case Kind::allgather: return allgather_;
-  }
-  return barrier_;
 }
 
 Status GeometryImpl::begin(Operation& op, Callback done, const char* busy) {
@@ -111,15 +172,12 @@ void GeometryImpl::malformed(Receive*) {
 }
 
 void GeometryImpl::on_arrival(const Header& h, std::uint32_t origin, const Incoming& in, Receive* recv) {
-  if (h.kind == Kind::barrier) {
-    if (recv != nullptr || !in.payload.empty()) {
-      malformed(recv);
-      return;
-    }
-    barrier_arrival(h, origin);
-    return;
-  }
-  Operation& op = operation(h.kind);
+  (this->*kAlgorithms[static_cast<std::size_t>(h.kind)].arrival)(h, origin, in, recv);  // (decode() checked kind)
+}
+
+template <auto State, void (GeometryImpl::*Data)(const Header&, std::uint32_t, const Incoming&, Receive*)>
+void GeometryImpl::route(const Header& h, std::uint32_t origin, const Incoming& in, Receive* recv) {
+  const Operation& op = this->*State;
   if (seq_diff(h.seq, op.seq) < 0) {  // an operation that is over here: the sender is wrong
     ++engine.stats.stale;
     return;
@@ -128,13 +186,7 @@ void GeometryImpl::on_arrival(const Header& h, std::uint32_t origin, const Incom
     keep_early(h, origin, in, recv);
     return;
   }
-  switch (h.kind) {
-    case Kind::broadcast: broadcast_data(h, origin, in, recv); break;
-    case Kind::reduce: reduce_data(h, origin, in, recv); break;
-    case Kind::allreduce: allreduce_data(h, origin, in, recv); break;
-    case Kind::allgather: allgather_data(h, origin, in, recv); break;
-    case Kind::barrier: break;
-  }
+  (this->*Data)(h, origin, in, recv);
 }
 
 // A peer is in a later operation than this task: keep what it sent until
@@ -184,24 +236,10 @@ void GeometryImpl::adopt(Arrival* a) {
   early_.push(a);
 }
 
-void GeometryImpl::on_sent(Operation& op, std::uint32_t index) {
-  switch (op.kind) {
-    case Kind::broadcast: broadcast_check(); break;
-    case Kind::reduce: reduce_check(); break;
-    case Kind::allreduce: allreduce_sent(index); break;
-    case Kind::allgather: allgather_progress(); break;
-    case Kind::barrier: break;
-  }
-}
+void GeometryImpl::on_sent(Operation& op, std::uint32_t index) { (this->*op.algorithm->sent)(index); }
 
 void GeometryImpl::on_received(Operation& op, std::uint32_t index, Status s) {
-  switch (op.kind) {
-    case Kind::broadcast: broadcast_received(s); break;
-    case Kind::reduce: reduce_received(index, s); break;
-    case Kind::allreduce: allreduce_received(index, s); break;
-    case Kind::allgather: allgather_received(index, s); break;
-    case Kind::barrier: break;
-  }
+  (this->*op.algorithm->received)(index, s);
 }
 
 void GeometryImpl::member_failed(std::uint32_t task, Status why) {
@@ -213,32 +251,9 @@ void GeometryImpl::member_failed(std::uint32_t task, Status why) {
   // barrier.cpp); a collective with data fails outright. Each kind's check
   // ends a failed operation once nothing of it is in flight (what was in
   // flight to or from the dead task has failed already).
-  if (barrier_.active && barrier_.result.ok() && barrier_waits_on(dead)) {
-    barrier_.fail(reason);
-    barrier_progress();
-  }
-  for (Operation* op : {static_cast<Operation*>(&broadcast_), static_cast<Operation*>(&reduce_),
-                        static_cast<Operation*>(&allreduce_), static_cast<Operation*>(&allgather_)}) {
-    if (!op->active) continue;
-    op->fail(reason);
-    switch (op->kind) {
-      case Kind::broadcast: broadcast_check(); break;
-      case Kind::reduce: reduce_check(); break;
-      case Kind::allreduce: allreduce_check(); break;
-      case Kind::allgather: allgather_progress(); break;
-      case Kind::barrier: break;
-    }
-  }
+  for (const Algorithm& a : kAlgorithms) (this->*a.member_failed)(dead, reason);
 }
 
-void GeometryImpl::on_kept_ready(Arrival& a) {
-  switch (a.owner->kind) {
-    case Kind::broadcast: broadcast_kept(a); break;
-    case Kind::reduce: reduce_kept(a); break;
-    case Kind::allreduce: allreduce_kept(a); break;
-    case Kind::allgather: allgather_kept(a); break;
-    case Kind::barrier: break;
-  }
-}
+void GeometryImpl::on_kept_ready(Arrival& a) { (this->*a.owner->algorithm->kept)(a); }
 
 }  // namespace ami::coll

@@ -352,58 +352,106 @@ bool AmEngine::inject_rdma(Peer& peer, Request& r) {
   return true;
 }
 
-// One control packet, or the PUT that goes before a fin. The slot of a cts
-// or fin carries the sender's local completion when the stop cut its eager
-// packets short (the last of them then had none).
+// One control item: a packet, a GET, or a piece of the PUT that goes
+// before a fin. The slot of a cts or fin carries the sender's local
+// completion when the stop cut its eager packets short (the last of them
+// then had none).
 bool AmEngine::inject_control(Peer& peer, Control& c) {
   device::Descriptor* d = peer.lane->fifo().try_reserve();
   if (d == nullptr) return false;
-  Request* r = c.owner;
-  if (c.get != nullptr) {
-    Inbound& in = *c.get;
-    d->kind = device::DescriptorKind::get;
-    d->rdma = device::RdmaDescriptor{.local = in.buffer + c.offset, .length = c.total,
-                                     .local_key = in.registration.local_key,
-                                     .remote_address = in.source.address + c.offset,
-                                     .remote = in.source.key};
-    peer.lane->fifo().commit(Callback{&AmEngine::on_get_done, &in});
-    peer.last_get = peer.lane->fifo().injected();
-    stats_.rndv_get_bytes += c.total;
-    ++stats_.gets;
-    return true;
-  }
-  if (c.type == wire::PacketType::stop && c.mode == static_cast<std::uint16_t>(wire::StopMode::stop_put)) {
-    std::size_t k = wire::encode(wire::make_header(c.type, c.mode, c.id, c.total, c.offset,
-                                                   wire::RendezvousInfo::kBytes, 0, c.flags),
-                                 {}, d->packet.inline_data);
-    c.info.encode(d->packet.inline_data + k);
-    finish_packet(*d, k + wire::RendezvousInfo::kBytes, {});
-  } else if (c.type == wire::PacketType::fin && c.mode == Control::kPutPending) {
-    // The PUT of a stop_put, [E, end) of the send buffer into the receive
-    // buffer (end: total, or where the receiver's GET begins), in pieces
-    // the lane carries.
-    const std::uint64_t n = std::min(c.end - c.cursor, peer.lane->max_rdma());
-    d->kind = device::DescriptorKind::put;
-    d->rdma = device::RdmaDescriptor{.local = const_cast<std::byte*>(r->payload) + c.cursor,
-                                     .length = n,
-                                     .local_key = r->registration.local_key,
-                                     .remote_address = c.info.address + c.cursor,
-                                     .remote = c.info.key};
-    peer.lane->fifo().commit(Callback{&AmEngine::on_put_done, r});
-    ++r->puts_pending;
-    stats_.rndv_put_bytes += n;
-    c.cursor += n;
-    // The fin itself goes once every piece has completed.
-    if (c.cursor == c.end) c.mode = Control::kPutInFlight;
-    return true;
-  } else {
-    build_packet(*d, wire::make_header(c.type, c.mode, c.id, c.total, c.offset, 0, 0, c.flags), {}, {});
-  }
-  // A cts or fin with an owner carries its local completion (see on_stop).
-  peer.lane->fifo().commit(r != nullptr ? Callback{&AmEngine::on_send_local, r} : Callback{});
-  ++stats_.packets_sent;
-  if (c.type == wire::PacketType::ack) ++stats_.acks_sent;
+  std::visit(Overloaded{
+                 [&](const AckItem& a) {
+                   inject_packet(peer, *d, header_of(a), nullptr);
+                   ++stats_.acks_sent;
+                 },
+                 [&](const GetItem& g) { inject_get(peer, *d, g); },
+                 [&](const StopItem& s) {
+                   const bool put = s.mode == wire::StopMode::stop_put;
+                   inject_packet(peer, *d, header_of(s), nullptr, put ? &s.info : nullptr);
+                 },
+                 [&](const CtsItem& x) { inject_packet(peer, *d, header_of(x), x.owner); },
+                 [&](FinItem& f) {
+                   if (f.put == FinItem::Put::pending)
+                     inject_put(peer, *d, f);
+                   else
+                     inject_packet(peer, *d, header_of(f), f.owner);
+                 },
+                 [&](const KeepaliveItem& k) { inject_packet(peer, *d, header_of(k), nullptr); },
+             },
+             c);
   return true;
+}
+
+// The receiver's GET of [offset, offset + length) of a stopped message.
+void AmEngine::inject_get(Peer& peer, device::Descriptor& d, const GetItem& g) {
+  Inbound& in = *g.in;
+  d.kind = device::DescriptorKind::get;
+  d.rdma = device::RdmaDescriptor{.local = in.buffer + g.offset, .length = g.length,
+                                  .local_key = in.registration.local_key,
+                                  .remote_address = in.source.address + g.offset,
+                                  .remote = in.source.key};
+  peer.lane->fifo().commit(Callback{&AmEngine::on_get_done, &in});
+  peer.last_get = peer.lane->fifo().injected();
+  stats_.rndv_get_bytes += g.length;
+  ++stats_.gets;
+}
+
+// A piece of the PUT of a stop_put, [E, end) of the send buffer into the
+// receive buffer (end: total, or where the receiver's GET begins), in
+// pieces the lane carries.
+void AmEngine::inject_put(Peer& peer, device::Descriptor& d, FinItem& f) {
+  Request* r = f.owner;  // (a PUT is left only when the stop cut the message short)
+  const std::uint64_t n = std::min(f.end - f.cursor, peer.lane->max_rdma());
+  d.kind = device::DescriptorKind::put;
+  d.rdma = device::RdmaDescriptor{.local = const_cast<std::byte*>(r->payload) + f.cursor,
+                                  .length = n,
+                                  .local_key = r->registration.local_key,
+                                  .remote_address = f.target.address + f.cursor,
+                                  .remote = f.target.key};
+  peer.lane->fifo().commit(Callback{&AmEngine::on_put_done, r});
+  ++r->puts_pending;
+  stats_.rndv_put_bytes += n;
+  f.cursor += n;
+  // The fin itself goes once every piece has completed.
+  if (f.cursor == f.end) f.put = FinItem::Put::in_flight;
+}
+
+// A control packet: its header, and a stop_put's receive buffer after it.
+void AmEngine::inject_packet(Peer& peer, device::Descriptor& d, const wire::PacketHeader& h, Request* owner,
+                             const wire::RendezvousInfo* info) {
+  if (info == nullptr) {
+    build_packet(d, h, {}, {});
+  } else {
+    const std::size_t k = wire::encode(h, {}, d.packet.inline_data);
+    info->encode(d.packet.inline_data + k);
+    finish_packet(d, k + wire::RendezvousInfo::kBytes, {});
+  }
+  peer.lane->fifo().commit(owner != nullptr ? Callback{&AmEngine::on_send_local, owner} : Callback{});
+  ++stats_.packets_sent;
+}
+
+// The fixed header's fields as each packet type uses them (see
+// wire::PacketType).
+wire::PacketHeader AmEngine::header_of(const AckItem& a) {
+  return wire::make_header(wire::PacketType::ack, 0, 0, a.count, a.first, 0, 0, a.flags);
+}
+
+wire::PacketHeader AmEngine::header_of(const StopItem& s) {
+  const bool put = s.mode == wire::StopMode::stop_put;
+  return wire::make_header(wire::PacketType::stop, static_cast<std::uint16_t>(s.mode), s.message_id, s.total,
+                           s.receiver_id, put ? wire::RendezvousInfo::kBytes : 0, 0, 0);
+}
+
+wire::PacketHeader AmEngine::header_of(const CtsItem& c) {
+  return wire::make_header(wire::PacketType::cts, 0, c.receiver_id, c.total, c.sent, 0, 0, 0);
+}
+
+wire::PacketHeader AmEngine::header_of(const FinItem& f) {
+  return wire::make_header(wire::PacketType::fin, 0, f.receiver_id, f.total, f.sent, 0, 0, f.flags);
+}
+
+wire::PacketHeader AmEngine::header_of(const KeepaliveItem&) {
+  return wire::make_header(wire::PacketType::keepalive, 0, 0, 0, 0, 0, 0, 0);
 }
 
 void AmEngine::push_control(Peer& peer, const Control& c) {
@@ -421,10 +469,11 @@ std::size_t AmEngine::service(Peer& peer) {
   const std::uint64_t injected = peer.lane->fifo().injected();
   while (sent < peer.controls.size()) {
     Control& c = peer.controls[sent];
-    if (c.type == wire::PacketType::fin && c.mode == Control::kPutInFlight) break;
+    const FinItem* fin = std::get_if<FinItem>(&c);
+    if (fin != nullptr && fin->put == FinItem::Put::in_flight) break;
     if (!inject_control(peer, c)) break;
     ++work;
-    if (c.type == wire::PacketType::fin && c.mode != 0) continue;  // more pieces, or their completion
+    if (fin != nullptr && fin->put != FinItem::Put::done) continue;  // more pieces, or their completion
     ++sent;
   }
   peer.controls.erase(peer.controls.begin(), peer.controls.begin() + static_cast<std::ptrdiff_t>(sent));

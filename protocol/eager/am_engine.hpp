@@ -30,6 +30,11 @@
 //                           both are in.
 //  Every stop is answered by a cts or fin, which follows the message's last
 //  eager packet on the lane, so the receiver knows when no more will come.
+//
+// What the engine owes a peer (acks, stops, cts, fin with its PUT, GETs,
+// keepalives) is a Control: a variant of one item per kind, visited
+// without a fallback, so a new item that some step does not handle does
+// not compile; header_of() alone maps items onto the fixed wire header.
 #pragma once
 
 #include <array>
@@ -39,6 +44,7 @@
 #include <optional>
 #include <span>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include "ami/device/device.hpp"
@@ -54,6 +60,13 @@
 #include "protocol/wire/packet.hpp"
 
 namespace ami::protocol {
+
+// Lambdas as one visitor for std::visit: an alternative that none of them
+// takes does not compile.
+template <class... F>
+struct Overloaded : F... {
+  using F::operator()...;
+};
 
 class AmEngine final : public device::PacketSink {
  public:
@@ -162,24 +175,48 @@ class AmEngine final : public device::PacketSink {
     Inbound* stopped = nullptr;      // set once stopped: later eager packets belong to it
     bool stop_refused = false;       // a stop failed: it goes on eagerly (still acked)
   };
-  // A packet (or a PUT and then a packet) the engine owes a peer, sent
-  // before the peer's queued instructions.
-  struct Control {
-    wire::PacketType type = wire::PacketType::ack;
-    std::uint16_t flags = 0;
-    std::uint16_t mode = 0;     // stop
-    std::uint64_t id = 0;       // header message_id
-    std::uint64_t offset = 0;   // header offset
-    std::uint64_t total = 0;    // header total_len
-    std::uint64_t cursor = 0;   // fin of a stop_put: the next byte to PUT
-    std::uint64_t end = 0;      // fin of a stop_put: where its PUT ends (the receiver GETs the rest)
-    Request* owner = nullptr;   // sender side: cts, fin or the PUT of a stop_put
-    Inbound* get = nullptr;     // receiver side: not a packet but a GET of [offset, offset + total)
-    wire::RendezvousInfo info{};  // stop with stop_put: the receive buffer
-    // mode of a fin: its PUT still to inject, or injected and not complete
-    static constexpr std::uint16_t kPutPending = 1;
-    static constexpr std::uint16_t kPutInFlight = 2;
+  // What the engine owes a peer, sent before the peer's queued instructions:
+  // one item per kind, each field meaning what its name says. The fixed
+  // wire header's fields carry them differently by packet type: header_of()
+  // (am_engine.cpp) is the one place that maps them.
+  struct AckItem {  // receiver: the messages [first, first + count) of the ack sequence are done
+    std::uint16_t flags = 0;  // their common outcome
+    std::uint64_t first = 0;
+    std::uint64_t count = 0;
   };
+  struct GetItem {  // receiver: not a packet but a GET of [offset, offset + length) of the message
+    Inbound* in = nullptr;
+    std::uint64_t offset = 0;
+    std::uint64_t length = 0;
+  };
+  struct StopItem {  // receiver: stop sending message_id eagerly
+    wire::StopMode mode = wire::StopMode::discard_get;
+    std::uint64_t message_id = 0;   // the sender's id
+    std::uint64_t receiver_id = 0;  // the receiver's id for it
+    std::uint64_t total = 0;        // the message's length; stop_put: where the sender's PUT ends
+    wire::RendezvousInfo info{};    // stop_put: the receive buffer
+  };
+  struct CtsItem {  // sender's answer to a GET stop
+    std::uint64_t receiver_id = 0;
+    std::uint64_t sent = 0;    // eager bytes sent (all of them are ahead of this packet)
+    std::uint64_t total = 0;
+    Request* owner = nullptr;  // its local completion rides here when the stop cut it short
+  };
+  struct FinItem {  // sender's answer to a stop_put: the PUT of [cursor, end), then the packet
+    // The PUT still to inject, or injected and not complete.
+    enum class Put : std::uint8_t { done, pending, in_flight };
+    std::uint64_t receiver_id = 0;
+    std::uint64_t sent = 0;  // eager bytes sent
+    std::uint64_t total = 0;
+    Request* owner = nullptr;  // as a cts's
+    std::uint64_t cursor = 0;  // the next byte to PUT
+    std::uint64_t end = 0;     // where the PUT ends (the receiver GETs the rest)
+    Put put = Put::done;
+    std::uint16_t flags = 0;   // kFailed: a piece of the PUT failed
+    wire::RendezvousInfo target{};
+  };
+  struct KeepaliveItem {};
+  using Control = std::variant<AckItem, GetItem, StopItem, CtsItem, FinItem, KeepaliveItem>;
   // Sender side: the requests that wait for an ack from one peer, in the
   // order of their ack sequence numbers (doubly linked through Request).
   struct Unanswered {
@@ -235,6 +272,17 @@ class AmEngine final : public device::PacketSink {
   static void on_eager_paced(void*, Status) {}
   bool inject_rdma(Peer& peer, Request& r);
   bool inject_control(Peer& peer, Control& c);
+  void inject_get(Peer& peer, device::Descriptor& d, const GetItem& g);
+  void inject_put(Peer& peer, device::Descriptor& d, FinItem& f);
+  void inject_packet(Peer& peer, device::Descriptor& d, const wire::PacketHeader& h, Request* owner,
+                     const wire::RendezvousInfo* info = nullptr);
+  // Each control packet's fixed header: which header field carries which
+  // of the item's fields.
+  static wire::PacketHeader header_of(const AckItem& a);
+  static wire::PacketHeader header_of(const StopItem& s);
+  static wire::PacketHeader header_of(const CtsItem& c);
+  static wire::PacketHeader header_of(const FinItem& f);
+  static wire::PacketHeader header_of(const KeepaliveItem& k);
   bool inject_fence(Peer& peer, Request& r);
   static void on_child_fence(void* cookie, Status s);
   void on_fence(Peer& peer, const wire::PacketView& v);

@@ -60,15 +60,24 @@ void AmEngine::fail_peer(Peer& peer, Status why) {
   };
   // Control packets owed to the peer. A cts or fin with an owner carried
   // that send's local completion; a GET not yet injected never will be.
-  for (Control& c : peer.controls) {
-    if (c.get != nullptr) {
-      --c.get->gets_pending;
-      if (c.get->failure.ok()) c.get->failure = why;
-    } else if (c.owner != nullptr) {
-      c.owner->local_pending = false;
-      mark(*c.owner);
-    }
-  }
+  auto owned = [&](Request* r) {
+    if (r == nullptr) return;
+    r->local_pending = false;
+    mark(*r);
+  };
+  for (Control& c : peer.controls)
+    std::visit(Overloaded{
+                   [](const AckItem&) {},
+                   [&](const GetItem& g) {
+                     --g.in->gets_pending;
+                     if (g.in->failure.ok()) g.in->failure = why;
+                   },
+                   [](const StopItem&) {},
+                   [&](const CtsItem& x) { owned(x.owner); },
+                   [&](const FinItem& f) { owned(f.owner); },
+                   [](const KeepaliveItem&) {},
+               },
+               c);
   peer.controls.clear();
   // Instructions that never reached the FIFO (or, for a send, not its last
   // packet, which carries its completion).
@@ -137,7 +146,7 @@ void AmEngine::keepalive() {
     const bool quiet = p->heard == p->heard_at_probe;
     p->heard_at_probe = p->heard;
     if (!p->failure.ok() || !quiet) continue;
-    push_control(*p, Control{.type = wire::PacketType::keepalive});
+    push_control(*p, KeepaliveItem{});
     ++stats_.keepalives_sent;
     ++probed;
   }

@@ -315,8 +315,7 @@ void AmEngine::emit_ack(std::uint32_t p, const AckDispatcher::Range& range) {
     return;
   }
   stats_.messages_acked += range.count;
-  push_control(peer, Control{.type = wire::PacketType::ack, .flags = range.flags, .offset = range.first,
-                             .total = range.count});
+  push_control(peer, AckItem{.flags = range.flags, .first = range.first, .count = range.count});
 }
 
 // Sender: the peer answers the messages [offset, offset + total_len) of its

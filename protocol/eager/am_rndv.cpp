@@ -69,8 +69,7 @@ bool AmEngine::stop(Peer& peer, const rndv::Decision& d) {
 
   // (A stop_put's stop says where the sender's PUT ends in total_len: the
   // receiver GETs the rest itself.)
-  Control c{.type = wire::PacketType::stop, .mode = static_cast<std::uint16_t>(d.mode),
-            .id = rx.message_id, .offset = in.id(), .total = rx.total};
+  StopItem c{.mode = d.mode, .message_id = rx.message_id, .receiver_id = in.id(), .total = rx.total};
   if (d.mode == wire::StopMode::stop_put) {
     c.info = wire::RendezvousInfo{in.registration.key, reinterpret_cast<std::uintptr_t>(in.buffer)};
     c.total = d.put_end;
@@ -151,7 +150,7 @@ void AmEngine::get(Peer& peer, Inbound& in, std::uint64_t offset, std::uint64_t 
   while (bytes != 0) {
     const std::uint64_t n = std::min(bytes, piece);
     ++in.gets_pending;
-    push_control(peer, Control{.type = wire::PacketType::ack, .offset = offset, .total = n, .get = &in});
+    push_control(peer, GetItem{.in = &in, .offset = offset, .length = n});
     offset += n;
     bytes -= n;
   }
@@ -222,17 +221,18 @@ void AmEngine::on_stop(Peer& peer, const wire::PacketView& v) {
   // Cut short, the eager packets' last one carried no callback: the answer
   // carries r's local completion, so r lives until it is sent.
   const bool cut_short = r->sent < r->total;
-  Control c{.type = wire::PacketType::cts, .id = v.header.offset, .offset = r->sent, .total = r->total,
-            .cursor = r->sent, .end = put_end, .owner = cut_short ? r : nullptr};
-  if (mode == wire::StopMode::stop_put) {
-    c.type = wire::PacketType::fin;
-    c.info = target;
-    if (r->sent < put_end) c.mode = Control::kPutPending;
+  Request* owner = cut_short ? r : nullptr;
+  if (mode != wire::StopMode::stop_put) {
+    push_control(peer, CtsItem{.receiver_id = v.header.offset, .sent = r->sent, .total = r->total, .owner = owner});
+  } else {
+    push_control(peer, FinItem{.receiver_id = v.header.offset, .sent = r->sent, .total = r->total, .owner = owner,
+                               .cursor = r->sent, .end = put_end,
+                               .put = r->sent < put_end ? FinItem::Put::pending : FinItem::Put::done,
+                               .target = target});
     // Nothing comes back but a remote-done, if asked; or, when the receiver
     // GETs a part, its ack.
     if (put_end == r->total) r->verdict_pending = false;
   }
-  push_control(peer, c);
   settle(*r);
 }
 
@@ -245,10 +245,11 @@ void AmEngine::on_put_done(void* cookie, Status s) {
   --r.puts_pending;
   Peer& peer = e.peers_[r.peer];
   for (Control& c : peer.controls) {
-    if (c.owner != &r || c.type != wire::PacketType::fin) continue;
-    if (c.mode == Control::kPutInFlight && r.puts_pending == 0) {
-      c.mode = 0;
-      if (!r.failure.ok()) c.flags = wire::kFailed;
+    FinItem* f = std::get_if<FinItem>(&c);
+    if (f == nullptr || f->owner != &r) continue;
+    if (f->put == FinItem::Put::in_flight && r.puts_pending == 0) {
+      f->put = FinItem::Put::done;
+      if (!r.failure.ok()) f->flags = wire::kFailed;
     }
     break;
   }

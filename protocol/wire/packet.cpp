@@ -34,41 +34,51 @@ DecodeError check_lengths(const PacketHeader& h, std::size_t size) {
   const std::size_t extra = extra_bytes(h);
   if (std::size_t{h.header_len} + extra > body || h.payload_len != body - h.header_len - extra)
     return DecodeError::bad_length;
-  const auto type = static_cast<PacketType>(h.type);
-  const bool control = type == PacketType::ack || type == PacketType::stop || type == PacketType::cts ||
-                       type == PacketType::fin || type == PacketType::fence || type == PacketType::keepalive;
-  if (control && h.header_len != 0) return DecodeError::bad_length;
-  if (type == PacketType::stop) {
-    const bool put = h.dispatch == static_cast<std::uint16_t>(StopMode::stop_put);
-    if (h.payload_len != (put ? RendezvousInfo::kBytes : 0)) return DecodeError::bad_length;
-  } else if (control && h.payload_len != 0) {
-    return DecodeError::bad_length;
+  // What each type may carry after the fixed header. (No default here or
+  // below: a new type does not compile before it says how it is checked.)
+  switch (static_cast<PacketType>(h.type)) {
+    case PacketType::am_first:
+    case PacketType::am_short: return DecodeError::none;
+    case PacketType::am_more: return h.header_len == 0 ? DecodeError::none : DecodeError::bad_length;
+    case PacketType::stop: {
+      const bool put = h.dispatch == static_cast<std::uint16_t>(StopMode::stop_put);
+      const bool ok = h.header_len == 0 && h.payload_len == (put ? RendezvousInfo::kBytes : 0);
+      return ok ? DecodeError::none : DecodeError::bad_length;
+    }
+    case PacketType::ack:
+    case PacketType::cts:
+    case PacketType::fin:
+    case PacketType::fence:
+    case PacketType::keepalive:
+      return h.header_len == 0 && h.payload_len == 0 ? DecodeError::none : DecodeError::bad_length;
   }
-  if (type == PacketType::am_more && h.header_len != 0) return DecodeError::bad_length;
-  return DecodeError::none;
+  return DecodeError::bad_type;
 }
 
+// The fixed header's dispatch, message_id, total_len and offset, as each
+// type uses them (see PacketType).
 DecodeError check_offsets(const PacketHeader& h) {
-  const auto type = static_cast<PacketType>(h.type);
-  if (type == PacketType::stop) {
-    if (h.dispatch < static_cast<std::uint16_t>(StopMode::discard_get) ||
-        h.dispatch > static_cast<std::uint16_t>(StopMode::stop_put))
-      return DecodeError::bad_offset;
-    return DecodeError::none;
+  switch (static_cast<PacketType>(h.type)) {
+    case PacketType::stop:
+      if (h.dispatch < static_cast<std::uint16_t>(StopMode::discard_get) ||
+          h.dispatch > static_cast<std::uint16_t>(StopMode::stop_put))
+        return DecodeError::bad_offset;
+      return DecodeError::none;
+    case PacketType::fence:
+    case PacketType::keepalive: return DecodeError::none;
+    case PacketType::ack: return h.total_len == 0 ? DecodeError::bad_length : DecodeError::none;
+    case PacketType::am_first:
+      // offset is the ack sequence number: wanted exactly when an answer is
+      if ((h.offset != 0) != ((h.flags & kWantsAnswer) != 0)) return DecodeError::bad_offset;
+      return h.payload_len > h.total_len ? DecodeError::bad_offset : DecodeError::none;
+    case PacketType::am_short: return DecodeError::none;  // (decode_short() checks it)
+    case PacketType::cts:
+    case PacketType::fin: return h.offset > h.total_len ? DecodeError::bad_offset : DecodeError::none;
+    case PacketType::am_more:
+      if (h.offset > h.total_len || h.payload_len > h.total_len - h.offset) return DecodeError::bad_offset;
+      return h.offset == 0 || h.payload_len == 0 ? DecodeError::bad_offset : DecodeError::none;
   }
-  if (type == PacketType::fence || type == PacketType::keepalive) return DecodeError::none;
-  if (type == PacketType::ack) return h.total_len == 0 ? DecodeError::bad_length : DecodeError::none;
-  if (type == PacketType::am_first) {
-    // offset is the ack sequence number: wanted exactly when an answer is
-    if ((h.offset != 0) != ((h.flags & kWantsAnswer) != 0)) return DecodeError::bad_offset;
-    return h.payload_len > h.total_len ? DecodeError::bad_offset : DecodeError::none;
-  }
-  if (h.offset > h.total_len) return DecodeError::bad_offset;
-  if (type == PacketType::cts || type == PacketType::fin) return DecodeError::none;
-  if (h.payload_len > h.total_len - h.offset) return DecodeError::bad_offset;
-  if (type == PacketType::am_more && (h.offset == 0 || h.payload_len == 0))
-    return DecodeError::bad_offset;
-  return DecodeError::none;
+  return DecodeError::bad_type;
 }
 
 }  // namespace

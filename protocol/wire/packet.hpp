@@ -30,7 +30,10 @@ inline constexpr std::uint8_t kVersion = 2;
 inline constexpr std::size_t kMaxUserHeader = 128;
 
 // The rendezvous packets (docs/DESIGN.md, method 2) use the fixed header's fields
-// as their comments say; the others as the field names say.
+// as their comments say; the others as the field names say. The engine
+// builds them from typed items (AmEngine::header_of); decode() checks each
+// type, and the engine dispatches each, in switches without a default, so
+// a new type that either misses does not compile.
 enum class PacketType : std::uint8_t {
   am_first = 1,  // first packet of an active message: user header + payload from 0; with
                  // kRendezvous, a RendezvousInfo sits between the user header and the payload.

@@ -58,19 +58,26 @@ device::Lane* SelfDevice::lane(Endpoint peer) {
 // Carries out descriptor n; false when the target queue is full and the
 // lane must stall (the descriptor stays in the FIFO).
 bool SelfDevice::execute(SelfLane& lane, std::uint64_t n) {
-  device::Descriptor& d = lane.fifo().at(n);
-  if (d.kind == device::DescriptorKind::packet) {
-    device::ReceptionQueue& q = domain_.queue(lane.peer().context);
-    auto r = q.reserve();
-    if (!r) return false;
-    const device::PacketDescriptor& p = d.packet;
-    std::memcpy(r.data(), p.inline_data, p.inline_len);
-    if (p.payload_len != 0) std::memcpy(r.data() + p.inline_len, p.payload, p.payload_len);
-    // (Only the shm backend's consumers give a cell up; here commit succeeds.)
-    (void)q.commit(r, p.inline_len + p.payload_len, {domain_.task(), context_, 0});
-    return true;
-  }
-  const device::RdmaDescriptor& x = d.rdma;
+  return device::visit(lane.fifo().at(n), device::Cases{
+      .packet = [&](const device::PacketDescriptor& p) { return deliver(lane, p); },
+      .put = [&](const device::RdmaDescriptor& x) { return rdma(lane, n, x, true); },
+      .get = [&](const device::RdmaDescriptor& x) { return rdma(lane, n, x, false); },
+  });
+}
+
+bool SelfDevice::deliver(SelfLane& lane, const device::PacketDescriptor& p) {
+  device::ReceptionQueue& q = domain_.queue(lane.peer().context);
+  auto r = q.reserve();
+  if (!r) return false;
+  std::memcpy(r.data(), p.inline_data, p.inline_len);
+  if (p.payload_len != 0) std::memcpy(r.data() + p.inline_len, p.payload, p.payload_len);
+  // (Only the shm backend's consumers give a cell up; here commit succeeds.)
+  (void)q.commit(r, p.inline_len + p.payload_len, {domain_.task(), context_, 0});
+  return true;
+}
+
+// PUT and GET differ only in the direction of the copy.
+bool SelfDevice::rdma(SelfLane& lane, std::uint64_t n, const device::RdmaDescriptor& x, bool put) {
   std::byte* remote = nullptr;
   Status s = domain_.regions().check(x.remote, x.remote_address, x.length, remote);
   if (!s.ok()) {
@@ -78,7 +85,7 @@ bool SelfDevice::execute(SelfLane& lane, std::uint64_t n) {
     return true;
   }
   if (x.length != 0) {
-    if (d.kind == device::DescriptorKind::put)
+    if (put)
       std::memmove(remote, x.local, x.length);
     else
       std::memmove(x.local, remote, x.length);

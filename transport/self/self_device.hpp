@@ -82,6 +82,8 @@ class SelfDevice final : public device::Device {
  private:
   std::size_t drain_lane(SelfLane& lane);
   bool execute(SelfLane& lane, std::uint64_t n);
+  bool deliver(SelfLane& lane, const device::PacketDescriptor& p);
+  bool rdma(SelfLane& lane, std::uint64_t n, const device::RdmaDescriptor& x, bool put);
 
   SelfDomain& domain_;
   std::uint16_t context_;

@@ -6,10 +6,15 @@
 // buffer is reusable at once) plus an optional referenced payload that the
 // device reads before it advances the transfer counter past the slot. The
 // device never interprets the bytes: the protocol owns the wire format.
+//
+// A device reads a descriptor only through visit(), which hands each kind
+// to its own member of a visitor: a kind added here that a backend's
+// visitor lacks does not compile (docs/DESIGN.md, Dispatch).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "ami/memory.hpp"
 
@@ -49,6 +54,38 @@ struct Descriptor {
   DescriptorKind kind = DescriptorKind::packet;
   PacketDescriptor packet;
   RdmaDescriptor rdma;
+};
+
+// What handles every kind of descriptor: one member per kind.
+template <class V>
+concept DescriptorVisitor = requires(V& v, const PacketDescriptor& p, const RdmaDescriptor& x) {
+  v.packet(p);
+  v.put(x);
+  v.get(x);
+};
+
+// Calls the visitor's member for d's kind and returns what it returns. The
+// switch has no default: a kind it misses is a -Wswitch error, and the
+// concept makes every visitor handle each kind it names. Inline, so a
+// device pays what its own test of the kind cost.
+template <class V>
+  requires DescriptorVisitor<std::remove_reference_t<V>>
+[[gnu::always_inline]] inline decltype(auto) visit(const Descriptor& d, V&& v) {
+  switch (d.kind) {
+    case DescriptorKind::packet: return v.packet(d.packet);
+    case DescriptorKind::put: return v.put(d.rdma);
+    case DescriptorKind::get: return v.get(d.rdma);
+  }
+  __builtin_unreachable();  // only the protocol writes kind, always a named one
+}
+
+// A visitor made of one callable per kind, for a device that handles each
+// in place: visit(d, Cases{.packet = ..., .put = ..., .get = ...}).
+template <class Packet, class Put, class Get>
+struct Cases {
+  Packet packet;
+  Put put;
+  Get get;
 };
 
 }  // namespace ami::device
