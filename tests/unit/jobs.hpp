@@ -30,10 +30,13 @@ using namespace ami;
 
 using Script = std::function<int(Client&)>;
 
+// ami's files in /dev/shm (it maps memfds and should leave none); other
+// programs' (UCX, MPI, other jobs running meanwhile) are not its business.
 inline std::set<std::string> dev_shm() {
   std::set<std::string> names;
   std::error_code ec;
-  for (auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) names.insert(e.path().string());
+  for (auto& e : std::filesystem::directory_iterator("/dev/shm", ec))
+    if (e.path().filename().string().find("ami") != std::string::npos) names.insert(e.path().string());
   return names;
 }
 
