@@ -18,8 +18,30 @@ enum CellKind : std::uint16_t {
   kPutDoneCell = 4,     // RdmaChunk: the PUT tag names was placed (status 0) or refused
 };
 
+// What names the target region: a RemoteKey's fields without its backend
+// entries (the owner checks these against its region table), so that a
+// chunk leaves room for data in the smallest cells.
+struct ChunkKey {
+  std::uint64_t job = 0;
+  std::uint32_t task = 0;
+  std::uint32_t region = 0;
+  std::uint32_t generation = 0;
+  std::uint32_t reserved = 0;
+  std::uint64_t address = 0;
+  std::uint64_t length = 0;
+
+  static ChunkKey of(const RemoteKey& k) {
+    return {.job = k.job, .task = k.task, .region = k.region, .generation = k.generation,
+            .address = k.address, .length = k.length};
+  }
+  RemoteKey key() const {
+    return {.job = job, .task = task, .region = region, .generation = generation, .address = address,
+            .length = length};
+  }
+};
+
 struct RdmaChunk {
-  RemoteKey key;                    // put/get request: the target region
+  ChunkKey key;                     // put/get request: the target region
   std::uint64_t remote_address = 0; // put: where this chunk goes; get: where the data starts
   std::uint64_t tag = 0;            // put, get: the origin's descriptor number, echoed back
   std::uint64_t offset = 0;         // put, get data: of this chunk in the PUT or GET

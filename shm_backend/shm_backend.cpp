@@ -3,8 +3,11 @@
 // The per-message path is shm_datapath.cpp and shm_rdma.cpp.
 #include "shm_backend/shm_backend.hpp"
 
+#include <atomic>
 #include <cstring>
+#include <unordered_map>
 
+#include "shm_backend/shared_region.hpp"
 #include "shm_backend/shm_device.hpp"
 
 namespace ami::shm {
@@ -14,7 +17,7 @@ namespace {
 class ShmBackend final : public device::Backend {
  public:
   explicit ShmBackend(const device::BackendSetup& s)
-      : domain_(s.task, s.tasks, s.contexts, Options::from(s.config), s.regions),
+      : domain_(s.task, s.tasks, s.contexts, Options::from(s.config), s.regions, s.id),
         ring_(s.config.text(Param("AMI_SHM_RING_DEPTH")) + " x " + s.config.text(Param("AMI_SHM_CELL_SIZE")) + " B") {}
 
   std::string_view name() const override { return "shm"; }
@@ -51,6 +54,32 @@ class ShmBackend final : public device::Backend {
     return {};
   }
 
+  // Every region gets shm's entry; one from allocate_memory() gets its
+  // header too, so that peers can map it and copy without CMA.
+  Status register_region(std::uint32_t region, void* address, std::size_t length,
+                         device::RegionKeys& keys) override {
+    std::uint32_t shared_fd = 0;
+    if (keys.shared_fd() >= 0) {
+      const RemoteKey& k = keys.key();
+      auto* h = reinterpret_cast<SharedRegionHeader*>(static_cast<std::byte*>(address) - SharedRegionHeader::kBytes);
+      *h = SharedRegionHeader{SharedRegionHeader::kMagic, k.job, k.task, k.region, k.generation, 0, length};
+      headers_[region] = h;
+      shared_fd = static_cast<std::uint32_t>(keys.shared_fd()) + 1;
+    }
+    std::byte entry[kEntryBytes];
+    encode_entry(shared_fd, entry);
+    return keys.set_remote(entry);
+  }
+
+  // Peers check the header's generation before each copy: from here on
+  // they refuse.
+  void deregister_region(std::uint32_t region) override {
+    const auto it = headers_.find(region);
+    if (it == headers_.end()) return;
+    std::atomic_ref<std::uint32_t>(it->second->generation).store(0, std::memory_order_release);
+    headers_.erase(it);
+  }
+
   bool reaches(std::uint32_t task) const override { return domain_.reaches(task); }
   std::uint32_t tasks_reached() const override { return peers_; }
 
@@ -67,6 +96,7 @@ class ShmBackend final : public device::Backend {
   ShmDomain domain_;
   std::string ring_;  // "depth x cell B", for describe()
   std::uint32_t peers_ = 0;
+  std::unordered_map<std::uint32_t, SharedRegionHeader*> headers_;  // allocate_memory()'s regions, by number
 };
 
 // The own segment's rings (the peers' segments are mapped, not allocated).

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "ami/device/coarse_clock.hpp"
+#include "shm_backend/shared_region.hpp"
 #include "shm_backend/shm_device.hpp"
 
 namespace ami::shm {
@@ -79,7 +80,15 @@ ShmDevice::Step ShmDevice::execute(ShmLane& lane, std::uint64_t n) {
 ShmDevice::Step ShmDevice::rdma(ShmLane& lane, std::uint64_t n, bool put) {
   device::Descriptor& d = lane.fifo().at(n);
   const bool fresh = !lane.get_waiting_ && !lane.put_waiting_ && lane.put_sent_ == 0;
-  if (fresh && d.rdma.remote.shared_fd != 0) return rdma_mapped(lane, n);
+  std::uint32_t shared_fd = 0;
+  if (fresh && !decode_entry(d.rdma.remote.entry(domain_.key_id()), shared_fd)) {
+    // A key shm did not register (or one edited): nothing in it is shm's to read.
+    lane.fifo().fail_one(n, {StatusCode::remote_access, d.kind == device::DescriptorKind::put
+                                                            ? "put: the remote key has no shm entry"
+                                                            : "get: the remote key has no shm entry"});
+    return Step::done;
+  }
+  if (fresh && shared_fd != 0) return rdma_mapped(lane, n, shared_fd);
   if (fresh && domain_.cma()) return rdma_cma(lane, n);
   return put ? put_through_ring(lane, n) : get_through_ring(lane, n);
 }

@@ -67,6 +67,7 @@ class ShmDevice final : public device::Device {
   ShmDevice(ShmDomain& domain, std::uint16_t context, std::uint32_t fifo_depth);
 
   std::string_view name() const override { return "shm"; }
+  std::uint8_t key_id() const override { return domain_.key_id(); }
   bool can_reach(Endpoint peer) const override;
   device::Lane* lane(Endpoint peer) override;
   std::size_t progress(device::PacketSink& sink, std::size_t budget) override;
@@ -110,9 +111,10 @@ class ShmDevice final : public device::Device {
     Mapping mapping;
   };
   static constexpr std::size_t kMaxSharedViews = 64;
-  Status shared_target(const ShmLane& lane, const device::RdmaDescriptor& x, std::byte*& out);
-  SharedView* map_shared(const ShmLane& lane, const RemoteKey& key);
-  Step rdma_mapped(ShmLane& lane, std::uint64_t n);
+  Status shared_target(const ShmLane& lane, const device::RdmaDescriptor& x, std::uint32_t shared_fd,
+                       std::byte*& out);
+  SharedView* map_shared(const ShmLane& lane, std::uint32_t task, std::uint32_t shared_fd);
+  Step rdma_mapped(ShmLane& lane, std::uint64_t n, std::uint32_t shared_fd);
   Step rdma_cma(ShmLane& lane, std::uint64_t n);
   Step put_through_ring(ShmLane& lane, std::uint64_t n);
   Step get_through_ring(ShmLane& lane, std::uint64_t n);

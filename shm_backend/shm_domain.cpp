@@ -27,10 +27,11 @@ bool cma_allowed() {
 }  // namespace
 
 ShmDomain::ShmDomain(std::uint32_t task, std::uint32_t tasks, std::uint16_t contexts,
-                     const DomainOptions& options, device::RegionTable& regions)
+                     const DomainOptions& options, device::RegionTable& regions, std::uint8_t key_id)
     : task_(task), regions_(regions),
       own_(task, contexts, options.queue_depth, options.cell_bytes, regions.capacity()), peers_(tasks),
-      cma_(options.cma && cma_allowed()), stall_timeout_ms_(options.stall_timeout_ms) {
+      cma_(options.cma && cma_allowed()), stall_timeout_ms_(options.stall_timeout_ms),
+      key_id_(key_id) {
   regions.publish_to(own_.regions());
 }
 

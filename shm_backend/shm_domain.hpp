@@ -34,8 +34,10 @@ struct PeerAddress {
 
 class ShmDomain {
  public:
+  // key_id: the registry's id of shm (BackendSetup::id), its entry in
+  // remote keys and its index in LocalKeys.
   ShmDomain(std::uint32_t task, std::uint32_t tasks, std::uint16_t contexts,
-            const DomainOptions& options, device::RegionTable& regions);
+            const DomainOptions& options, device::RegionTable& regions, std::uint8_t key_id = 1);
   ~ShmDomain();
   ShmDomain(const ShmDomain&) = delete;
   ShmDomain& operator=(const ShmDomain&) = delete;
@@ -46,6 +48,7 @@ class ShmDomain {
   int segment_fd() const { return own_.fd(); }
   const device::RegionTable& regions() const { return regions_; }
   std::uint32_t stall_timeout_ms() const { return stall_timeout_ms_; }
+  std::uint8_t key_id() const { return key_id_; }
 
   // Maps a peer's segment; its status says why a peer stays unreachable.
   Status attach(const PeerAddress& peer);
@@ -96,6 +99,7 @@ class ShmDomain {
   std::vector<Peer> peers_;  // by task; empty where not on this host
   std::atomic<bool> cma_;
   std::uint32_t stall_timeout_ms_;
+  std::uint8_t key_id_;
   std::mutex watch_lock_;
   std::int64_t next_watch_ns_ = 0;  // under watch_lock_
   std::atomic<std::uint64_t> deaths_{0};

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "shm_backend/shared_region.hpp"
 #include "shm_backend/shm_device.hpp"
 
 namespace ami::shm {
@@ -46,10 +47,10 @@ Status cma_error(int err, bool put) {
 }  // namespace
 
 // Maps the peer's shared region once; later operations find it here.
-ShmDevice::SharedView* ShmDevice::map_shared(const ShmLane& lane, const RemoteKey& key) {
+ShmDevice::SharedView* ShmDevice::map_shared(const ShmLane& lane, std::uint32_t task, std::uint32_t shared_fd) {
   for (SharedView& v : shared_views_)
-    if (v.task == key.task && v.shared_fd == key.shared_fd) return &v;
-  const std::string path = "/proc/" + std::to_string(lane.pid_) + "/fd/" + std::to_string(key.shared_fd - 1);
+    if (v.task == task && v.shared_fd == shared_fd) return &v;
+  const std::string path = "/proc/" + std::to_string(lane.pid_) + "/fd/" + std::to_string(shared_fd - 1);
   const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) return nullptr;
   struct stat st {};
@@ -59,15 +60,16 @@ ShmDevice::SharedView* ShmDevice::map_shared(const ShmLane& lane, const RemoteKe
   ::close(fd);
   if (p == MAP_FAILED) return nullptr;
   if (shared_views_.size() == kMaxSharedViews) shared_views_.erase(shared_views_.begin());
-  shared_views_.push_back(SharedView{key.task, key.shared_fd, Mapping(p, static_cast<std::size_t>(st.st_size))});
+  shared_views_.push_back(SharedView{task, shared_fd, Mapping(p, static_cast<std::size_t>(st.st_size))});
   return &shared_views_.back();
 }
 
 // Where [remote_address, + length) of a shared region lies in this process,
 // after checking that the region behind the key is still the one it names.
-Status ShmDevice::shared_target(const ShmLane& lane, const device::RdmaDescriptor& x, std::byte*& out) {
+Status ShmDevice::shared_target(const ShmLane& lane, const device::RdmaDescriptor& x, std::uint32_t shared_fd,
+                                std::byte*& out) {
   const RemoteKey& k = x.remote;
-  SharedView* v = map_shared(lane, k);
+  SharedView* v = map_shared(lane, k.task, shared_fd);
   if (v == nullptr) return {StatusCode::unreachable, "the peer's shared region cannot be mapped"};
   const auto* h = reinterpret_cast<const SharedRegionHeader*>(v->mapping.data());
   const std::uint32_t generation =
@@ -88,10 +90,10 @@ Status ShmDevice::shared_target(const ShmLane& lane, const device::RdmaDescripto
 }
 
 // PUT and GET into a peer's allocate_memory() region: one memcpy.
-ShmDevice::Step ShmDevice::rdma_mapped(ShmLane& lane, std::uint64_t n) {
+ShmDevice::Step ShmDevice::rdma_mapped(ShmLane& lane, std::uint64_t n, std::uint32_t shared_fd) {
   const device::Descriptor& d = lane.fifo().at(n);
   std::byte* remote = nullptr;
-  const Status s = shared_target(lane, d.rdma, remote);
+  const Status s = shared_target(lane, d.rdma, shared_fd, remote);
   if (s == StatusCode::unreachable) return domain_.cma() ? rdma_cma(lane, n)
       : d.kind == device::DescriptorKind::put ? put_through_ring(lane, n) : get_through_ring(lane, n);
   if (!s.ok()) {
@@ -142,7 +144,7 @@ ShmDevice::Step ShmDevice::put_through_ring(ShmLane& lane, std::uint64_t n) {
     auto r = lane.target_.reserve();
     if (!r) return Step::stalled;
     const std::uint64_t chunk = std::min<std::uint64_t>(room, x.length - lane.put_sent_);
-    RdmaChunk c{.key = x.remote, .remote_address = x.remote_address + lane.put_sent_, .tag = n,
+    RdmaChunk c{.key = ChunkKey::of(x.remote), .remote_address = x.remote_address + lane.put_sent_, .tag = n,
                 .offset = lane.put_sent_, .bytes = chunk, .total = x.length};
     std::memcpy(r.data(), &c, sizeof c);
     std::memcpy(r.data() + sizeof c, x.local + lane.put_sent_, chunk);
@@ -161,7 +163,7 @@ ShmDevice::Step ShmDevice::get_through_ring(ShmLane& lane, std::uint64_t n) {
     if (x.length == 0) return Step::done;
     auto r = lane.target_.reserve();
     if (!r) return Step::stalled;
-    RdmaChunk c{.key = x.remote, .remote_address = x.remote_address, .tag = n, .bytes = x.length};
+    RdmaChunk c{.key = ChunkKey::of(x.remote), .remote_address = x.remote_address, .tag = n, .bytes = x.length};
     std::memcpy(r.data(), &c, sizeof c);
     if (!commit(lane, r, sizeof c, kGetRequestCell)) return Step::stalled;
     lane.get_waiting_ = true;
@@ -183,13 +185,13 @@ void ShmDevice::on_put_data(ShmLane& lane, const RdmaChunk& c, std::span<const s
   std::byte* target = nullptr;
   if (c.offset == 0) {
     lane.incoming_put_tag_ = c.tag;
-    lane.incoming_put_status_ = domain_.regions().check(c.key, c.remote_address, c.total, target);
+    lane.incoming_put_status_ = domain_.regions().check(c.key.key(), c.remote_address, c.total, target);
   } else if (c.tag != lane.incoming_put_tag_) {
     ++dropped_;
     return;
   }
   if (lane.incoming_put_status_.ok())
-    lane.incoming_put_status_ = domain_.regions().check(c.key, c.remote_address, c.bytes, target);
+    lane.incoming_put_status_ = domain_.regions().check(c.key.key(), c.remote_address, c.bytes, target);
   if (lane.incoming_put_status_.ok())
     std::memcpy(target, data.data(), data.size());
   else
@@ -217,7 +219,7 @@ void ShmDevice::on_put_done(ShmLane& lane, const RdmaChunk& c) {
 
 void ShmDevice::on_get_request(Endpoint from, const RdmaChunk& c) {
   std::byte* source = nullptr;
-  const Status s = domain_.regions().check(c.key, c.remote_address, c.bytes, source);
+  const Status s = domain_.regions().check(c.key.key(), c.remote_address, c.bytes, source);
   if (!s.ok()) ++dropped_;
   if (responses_.size() == responses_.capacity()) {  // more GETs than lanes: not an honest peer
     ++dropped_;

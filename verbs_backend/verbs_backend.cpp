@@ -44,10 +44,11 @@ VerbsOptions VerbsOptions::from(const Config& c) {
 namespace {
 
 // The options for a task's domain: a send queue holds a lane's whole
-// injection FIFO and the retire probe.
+// injection FIFO and the retire probe; its entry in keys is the registry's.
 VerbsOptions domain_options(const device::BackendSetup& s) {
   VerbsOptions v = VerbsOptions::from(s.config);
   v.sq_depth = std::max(v.sq_depth, s.fifo_depth + 1);
+  v.key_id = s.id;
   return v;
 }
 
@@ -83,7 +84,11 @@ class VerbsBackend final : public device::Backend {
 
   Status register_region(std::uint32_t region, void* address, std::size_t length,
                          device::RegionKeys& keys) override {
-    return domain_.register_region(region, address, length, keys.local_key, keys.backend_key);
+    std::uint32_t lkey = 0, rkey = 0;
+    Status s = domain_.register_region(region, address, length, lkey, rkey);
+    if (!s.ok()) return s;
+    keys.set_local(lkey);
+    return keys.set_remote(rkey_entry(rkey));
   }
   void deregister_region(std::uint32_t region) override { domain_.deregister_region(region); }
   // A registration kept past free() would point the NIC at the old pages.

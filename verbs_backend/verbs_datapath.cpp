@@ -123,7 +123,7 @@ std::byte* VerbsLane::stage(std::uint32_t bytes) {
       // Registered payload (a rendezvous message, or one sent with its
       // Memory): sent from where it lies, no copy.
       add_sge(wr, head, head_len, lane.slots_mr_->lkey);
-      add_sge(wr, p.payload, p.payload_len, p.payload_key);
+      add_sge(wr, p.payload, p.payload_len, static_cast<std::uint32_t>(p.payload_keys[key_id_]));
     } else {
       std::byte* staged = nullptr;
       if (p.payload_len != 0) {
@@ -137,6 +137,11 @@ std::byte* VerbsLane::stage(std::uint32_t bytes) {
     return Made::wr;
   };
   auto rdma = [&](const device::RdmaDescriptor& x, bool get) {
+    std::uint32_t rkey = 0;
+    if (!rkey_of(x.remote, key_id_, rkey)) {  // a key verbs did not register, or one edited
+      refuse(lane, n, wr, {StatusCode::remote_access, "verbs: the remote key has no verbs entry"});
+      return Made::refused;
+    }
     if (!inside_key(x)) {
       refuse(lane, n, wr, {StatusCode::remote_access, "verbs: range lies outside the remote key's region"});
       return Made::refused;
@@ -147,8 +152,8 @@ std::byte* VerbsLane::stage(std::uint32_t bytes) {
     }
     wr.opcode = get ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
     wr.wr.rdma.remote_addr = x.remote_address;
-    wr.wr.rdma.rkey = x.remote.backend_key;
-    add_sge(wr, x.local, static_cast<std::uint32_t>(x.length), x.local_key);
+    wr.wr.rdma.rkey = rkey;
+    add_sge(wr, x.local, static_cast<std::uint32_t>(x.length), static_cast<std::uint32_t>(x.local_keys[key_id_]));
     // A small WRITE goes inline: the data rides in the WR, the NIC fetches nothing.
     if (!get && x.length <= max_inline_) wr.send_flags = IBV_SEND_INLINE;
     signal = get;

@@ -44,6 +44,7 @@ VerbsDevice::VerbsDevice(VerbsDomain& domain, std::uint16_t context, std::uint32
       repost_batch_(std::clamp<std::uint32_t>(domain.options().srq_depth / 4, 1, 64)),
       doorbell_batch_(domain.options().doorbell_batch),
       immediate_(domain.options().immediate),
+      key_id_(domain.options().key_id),
       signal_interval_(domain.options().signal_interval),
       lanes_(std::size_t{domain.tasks()} * domain.contexts()) {
   if (context >= domain.contexts()) throw Error("verbs: context index out of range");

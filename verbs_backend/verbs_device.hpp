@@ -111,6 +111,7 @@ class VerbsDevice final : public device::Device {
   ~VerbsDevice() override;
 
   std::string_view name() const override { return "verbs"; }
+  std::uint8_t key_id() const override { return key_id_; }
   bool can_reach(Endpoint peer) const override;
   device::Lane* lane(Endpoint peer) override;
   bool abandon(Endpoint peer, Status why) override;
@@ -177,6 +178,8 @@ class VerbsDevice final : public device::Device {
   std::uint32_t doorbell_batch_;
   // The options and port facts prepare() reads, kept at hand.
   bool immediate_;
+  std::uint8_t key_id_;  // the entry of remote keys and the LocalKeys word that are verbs'
+
   std::uint32_t max_inline_ = 0;
   std::uint32_t signal_interval_;
   std::uint64_t ring_epoch_ = 1;  // + 1 at every progress() and flush(): a new burst

@@ -22,8 +22,10 @@
 
 #include <infiniband/verbs.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <span>
@@ -33,6 +35,7 @@
 
 #include "ami/callback.hpp"
 #include "ami/device/region_table.hpp"
+#include "ami/memory.hpp"
 #include "ami/status.hpp"
 #include "verbs_backend/verbs_address.hpp"
 #include "verbs_backend/verbs_config.hpp"
@@ -69,12 +72,30 @@ struct VerbsOptions {
   // Local ACK timeout, 4.096 us * 2^timeout.
   std::uint8_t timeout = Param("AMI_VERBS_TIMEOUT").default_as<std::uint8_t>();
   std::uint8_t min_rnr_timer = 12;           // 12: 0.64 ms between RNR retries
+  std::uint8_t key_id = 2;                   // the registry's id of verbs (BackendSetup::id): its entry in keys
 
   // The rows' values; the table checked every value (ranges, "auto"), only
   // the types change here.
   static VerbsOptions from(const Config& c);
   bool operator==(const VerbsOptions&) const = default;
 };
+
+// verbs' entry of a remote key: the rkey (u32); its LocalKeys word: the lkey.
+inline constexpr std::size_t kRkeyEntryBytes = sizeof(std::uint32_t);
+
+inline std::array<std::byte, kRkeyEntryBytes> rkey_entry(std::uint32_t rkey) {
+  std::array<std::byte, kRkeyEntryBytes> bytes;
+  std::memcpy(bytes.data(), &rkey, sizeof rkey);
+  return bytes;
+}
+
+// The rkey in key's verbs entry; false when it has none of the right size.
+inline bool rkey_of(const RemoteKey& key, std::uint8_t id, std::uint32_t& rkey) {
+  const KeyEntry* e = key.entry(id);
+  if (e == nullptr || e->length != kRkeyEntryBytes) return false;
+  std::memcpy(&rkey, e->bytes.data(), sizeof rkey);
+  return true;
+}
 
 // The port in use, as found at setup.
 struct PortInfo {
@@ -152,8 +173,8 @@ class VerbsDomain {
   Status connect(std::uint32_t peer_task, std::span<const std::byte> peer_address);
 
   // Registers [addr, addr + len) for local and remote access under the
-  // region number of the task's region table; rkey is the RemoteKey's
-  // backend key, lkey goes into local descriptors.
+  // region number of the task's region table; rkey goes into the
+  // RemoteKey's verbs entry, lkey into its LocalKeys word.
   Status register_region(std::uint32_t region, void* addr, std::size_t len, std::uint32_t& lkey,
                          std::uint32_t& rkey);
   // Drops the registration of that region (none: nothing happens).

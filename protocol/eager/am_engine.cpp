@@ -152,7 +152,7 @@ Status AmEngine::send(const SendParams& p) {
       const auto n = static_cast<std::uint32_t>(p.payload.size());
       device::Registration key;
       const bool keyed = inside(p.memory, p.payload.data(), p.payload.size());
-      if (keyed) key.local_key = p.memory->local_key();
+      if (keyed) key.local_keys = p.memory->local_keys();
       build_short(*d, p.dispatch, p.header, p.payload, keyed ? &key : nullptr);
       lane->fifo().commit(p.local_done);
       ring(*lane);
@@ -190,7 +190,7 @@ void AmEngine::register_send(Request& r, const SendParams& p) {
   device::Registration reg;
   bool ok = false;
   if (inside(p.memory, p.payload.data(), p.payload.size())) {
-    reg = device::Registration{p.memory->remote_key(), p.memory->local_key(), kBorrowed};
+    reg = device::Registration{p.memory->remote_key(), p.memory->local_keys(), kBorrowed};
     ok = true;
   }
   if (!ok && registrar_ != nullptr) {
@@ -209,7 +209,7 @@ void AmEngine::register_send(Request& r, const SendParams& p) {
 }
 
 Status AmEngine::rdma(device::DescriptorKind kind, const RdmaParams& p, std::byte* local,
-                      std::uint32_t local_key) {
+                      const LocalKeys& local_keys) {
   const char* unreachable = kind == device::DescriptorKind::put
                                 ? "put: no backend reaches the endpoint"
                                 : "get: no backend reaches the endpoint";
@@ -219,7 +219,7 @@ Status AmEngine::rdma(device::DescriptorKind kind, const RdmaParams& p, std::byt
   if (!peer->failure.ok())
     return {StatusCode::peer_failed, kind == device::DescriptorKind::put ? "put: the endpoint's peer failed"
                                                                          : "get: the endpoint's peer failed"};
-  const device::RdmaDescriptor x{.local = local, .length = p.bytes, .local_key = local_key,
+  const device::RdmaDescriptor x{.local = local, .length = p.bytes, .local_keys = local_keys,
                                  .remote_address = p.remote.address + p.remote_offset, .remote = p.remote};
   ++(kind == device::DescriptorKind::put ? stats_.puts : stats_.gets);
   if (peer->head == nullptr) {
@@ -316,7 +316,7 @@ bool AmEngine::inject_send(Peer& peer, Request& r) {
       std::size_t k = wire::encode(h, {r.header.data(), hdr}, d->packet.inline_data);
       if (info != 0) {
         wire::RendezvousInfo{r.registration.key, reinterpret_cast<std::uintptr_t>(r.payload)}.encode(
-            d->packet.inline_data + k);
+            d->packet.inline_data + k, peer.device->key_id());
         k += info;
       }
       finish_packet(*d, k, {r.payload, n}, r.rndv ? &r.registration : nullptr);
@@ -387,7 +387,7 @@ void AmEngine::inject_get(Peer& peer, device::Descriptor& d, const GetItem& g) {
   Inbound& in = *g.in;
   d.kind = device::DescriptorKind::get;
   d.rdma = device::RdmaDescriptor{.local = in.buffer + g.offset, .length = g.length,
-                                  .local_key = in.registration.local_key,
+                                  .local_keys = in.registration.local_keys,
                                   .remote_address = in.source.address + g.offset,
                                   .remote = in.source.key};
   peer.lane->fifo().commit(Callback{&AmEngine::on_get_done, &in});
@@ -405,7 +405,7 @@ void AmEngine::inject_put(Peer& peer, device::Descriptor& d, FinItem& f) {
   d.kind = device::DescriptorKind::put;
   d.rdma = device::RdmaDescriptor{.local = const_cast<std::byte*>(r->payload) + f.cursor,
                                   .length = n,
-                                  .local_key = r->registration.local_key,
+                                  .local_keys = r->registration.local_keys,
                                   .remote_address = f.target.address + f.cursor,
                                   .remote = f.target.key};
   peer.lane->fifo().commit(Callback{&AmEngine::on_put_done, r});
@@ -423,7 +423,7 @@ void AmEngine::inject_packet(Peer& peer, device::Descriptor& d, const wire::Pack
     build_packet(d, h, {}, {});
   } else {
     const std::size_t k = wire::encode(h, {}, d.packet.inline_data);
-    info->encode(d.packet.inline_data + k);
+    info->encode(d.packet.inline_data + k, peer.device->key_id());
     finish_packet(d, k + wire::RendezvousInfo::kBytes, {});
   }
   peer.lane->fifo().commit(owner != nullptr ? Callback{&AmEngine::on_send_local, owner} : Callback{});

@@ -109,9 +109,9 @@ class AmEngine final : public device::PacketSink {
   std::uint64_t heard(Endpoint e) const;
   // peer_failed (naming the call) when dest's peer has failed, else ok.
   Status check_alive(Endpoint dest, const char* failed) const;
-  // local/local_key: the checked local range of p.local.
+  // local/local_keys: the checked local range of p.local, and its keys.
   Status rdma(device::DescriptorKind kind, const RdmaParams& p, std::byte* local,
-              std::uint32_t local_key);
+              const LocalKeys& local_keys);
 
   std::size_t immediate_limit(Endpoint dest);
   // Acks this context sent to dest's origin, and messages they covered.

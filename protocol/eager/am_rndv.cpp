@@ -99,7 +99,7 @@ bool AmEngine::stop(Peer& peer, const rndv::Decision& d) {
 // on failure nothing of in changed. The registrar's status says why.
 Status AmEngine::take_registration(Inbound& in, const Memory* m) {
   if (inside(m, in.buffer, in.total)) {
-    in.registration = device::Registration{m->remote_key(), m->local_key(), kBorrowed};
+    in.registration = device::Registration{m->remote_key(), m->local_keys(), kBorrowed};
     return Status::success();
   }
   if (registrar_ == nullptr)

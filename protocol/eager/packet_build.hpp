@@ -41,7 +41,7 @@ inline void finish_packet(device::Descriptor& d, std::size_t n, std::span<const 
   device::PacketDescriptor& p = d.packet;
   p.compact_prefix = 0;
   p.payload_keyed = key != nullptr;
-  p.payload_key = key != nullptr ? key->local_key : 0;
+  if (key != nullptr) p.payload_keys = key->local_keys;
   if (n + payload.size() <= device::kPacketInlineBytes) {
     copy_bytes(p.inline_data + n, payload.data(), payload.size());
     n += payload.size();

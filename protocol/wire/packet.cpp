@@ -135,18 +135,50 @@ DecodeError decode_compact(std::uint32_t immediate, std::span<const std::byte> r
   return DecodeError::none;
 }
 
-void RendezvousInfo::encode(std::byte* out) const {
-  const auto k = key.to_bytes();
-  std::memcpy(out, k.data(), k.size());
-  std::memcpy(out + k.size(), &address, sizeof address);
+namespace {
+
+// RendezvousInfo's layout (packet.hpp).
+constexpr std::size_t kInfoEntry = 36;   // backend u8, length u8, bytes
+constexpr std::size_t kInfoAddress = kInfoEntry + 2 + KeyEntry::kRoom;
+static_assert(kInfoAddress + 8 == RendezvousInfo::kBytes);
+
+}  // namespace
+
+void RendezvousInfo::encode(std::byte* out, std::uint8_t backend) const {
+  std::memset(out, 0, kBytes);
+  out[kInfoEntry + 1] = std::byte{kNoEntry};
+  std::memcpy(out, &key.job, 8);
+  std::memcpy(out + 8, &key.address, 8);
+  std::memcpy(out + 16, &key.length, 8);
+  std::memcpy(out + 24, &key.task, 4);
+  std::memcpy(out + 28, &key.region, 4);
+  std::memcpy(out + 32, &key.generation, 4);
+  if (const KeyEntry* e = key.entry(backend)) {
+    out[kInfoEntry] = std::byte{e->backend};
+    out[kInfoEntry + 1] = std::byte{e->length};
+    std::memcpy(out + kInfoEntry + 2, e->bytes.data(), KeyEntry::kRoom);
+  }
+  std::memcpy(out + kInfoAddress, &address, sizeof address);
 }
 
 bool RendezvousInfo::decode(std::span<const std::byte> in, std::uint64_t total, RendezvousInfo& out) {
   if (in.size() != kBytes) return false;
   RendezvousInfo r;
-  if (!RemoteKey::from_bytes(in.first(RemoteKey::kSerializedSize), r.key).ok()) return false;
-  std::memcpy(&r.address, in.data() + RemoteKey::kSerializedSize, sizeof r.address);
-  // The message's bytes lie inside the key's range.
+  const std::byte* p = in.data();
+  std::memcpy(&r.key.job, p, 8);
+  std::memcpy(&r.key.address, p + 8, 8);
+  std::memcpy(&r.key.length, p + 16, 8);
+  std::memcpy(&r.key.task, p + 24, 4);
+  std::memcpy(&r.key.region, p + 28, 4);
+  std::memcpy(&r.key.generation, p + 32, 4);
+  const auto entry_length = static_cast<std::uint8_t>(p[kInfoEntry + 1]);
+  if (entry_length > KeyEntry::kRoom && entry_length != kNoEntry) return false;
+  if (entry_length != kNoEntry &&
+      !r.key.add_entry(static_cast<std::uint8_t>(p[kInfoEntry]), in.subspan(kInfoEntry + 2, entry_length)).ok())
+    return false;
+  std::memcpy(&r.address, p + kInfoAddress, sizeof r.address);
+  // The key's range does not wrap, and the message's bytes lie inside it.
+  if (r.key.address + r.key.length < r.key.address) return false;
   if (r.address < r.key.address || r.address - r.key.address > r.key.length ||
       total > r.key.length - (r.address - r.key.address))
     return false;

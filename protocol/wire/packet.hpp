@@ -68,13 +68,23 @@ inline constexpr std::uint16_t kWantsAnswer = kWantsRemoteDone | kRendezvous;
 enum class StopMode : std::uint16_t { discard_get = 1, split_get = 2, stop_put = 3 };
 
 // Where a buffer of the rendezvous lies: its registration's remote key and
-// its first byte's address (inside the key's range).
+// its first byte's address (inside the key's range). On the wire the key
+// has its backend-neutral fields and one entry, that of the backend that
+// carries the lane (the peer reaches the buffer through the same backend),
+// so that a long message's first packet keeps room for the largest user
+// header on default shm cells: job, address, length (u64), task, region,
+// generation (u32), the entry's backend and length (u8; kNoEntry: the key
+// has none) and its KeyEntry::kRoom bytes, the buffer's address (u64).
 struct RendezvousInfo {
-  static constexpr std::size_t kBytes = 56;  // key (48) + address (8)
+  static constexpr std::size_t kBytes = 62;
+  static constexpr std::uint8_t kNoEntry = 0xFF;
   RemoteKey key{};
   std::uint64_t address = 0;
-  void encode(std::byte* out) const;
-  // Rejects a bad key, and an address outside the key's range.
+  // Writes key's entry for backend (none when key has none: the peer's
+  // backend then refuses the key).
+  void encode(std::byte* out, std::uint8_t backend) const;
+  // Rejects an entry longer than its room, a key range that wraps, and an
+  // address outside the key's range.
   static bool decode(std::span<const std::byte> in, std::uint64_t total, RendezvousInfo& out);
 };
 

@@ -37,8 +37,8 @@ struct Rig {
 
   static detail::RegistrationCache cache(device::RegionTable& regions) {
     return detail::RegistrationCache(
-        [&regions](void* a, std::size_t n, RemoteKey& key, std::uint32_t& lkey) {
-          lkey = 1;
+        [&regions](void* a, std::size_t n, RemoteKey& key, LocalKeys& local) {
+          local.fill(1);
           return regions.add(a, n, key);
         },
         [&regions](std::uint32_t region) { regions.remove(region); }, {}, 4096);

@@ -39,6 +39,31 @@ Config fifo(std::uint64_t depth) { return test::config_with({{"AMI_FIFO_DEPTH", 
 #define BACKENDS test::SelfPair, test::ShmPair
 #endif
 
+// The registry's ids (transport/src/backends.cpp): each backend's entry in keys.
+std::uint8_t key_id(std::string_view backend) {
+  return backend == "self" ? 0 : backend == "shm" ? 1 : 2;
+}
+
+// shm's entry of a key: the owner's memfd + 1, 0 for memory only registered.
+std::uint32_t shm_fd(const RemoteKey& key) {
+  const KeyEntry* e = key.entry(key_id("shm"));
+  REQUIRE(e != nullptr);
+  REQUIRE(e->length == sizeof(std::uint32_t));
+  std::uint32_t fd = 0;
+  std::memcpy(&fd, e->bytes.data(), sizeof fd);
+  return fd;
+}
+
+// The key without the backend's entry.
+RemoteKey without_entry(const RemoteKey& key, std::uint8_t backend) {
+  RemoteKey out = key;
+  out.entry_count = 0;
+  out.entries = {};
+  for (std::uint8_t i = 0; i < key.entry_count; ++i)
+    if (key.entries[i].backend != backend) REQUIRE(out.add_entry(key.entries[i].backend, key.entries[i].value()).ok());
+  return out;
+}
+
 std::span<const std::byte> bytes_of(const std::vector<std::uint8_t>& v) {
   return std::as_bytes(std::span(v));
 }
@@ -156,7 +181,9 @@ TEST_CASE_TEMPLATE("large messages are cut into packets and reassembled, with re
                            std::size_t{1} << 20, (std::size_t{16} << 20) + 3}) {
     CAPTURE(size);
     const auto pay = pattern(size, static_cast<std::uint8_t>(size));
-    const auto hdr = pattern(40, 9);
+    // (The largest header too: a long message's first packet holds it, its
+    // rendezvous key and data, on the smallest default packets.)
+    const auto hdr = pattern(size == std::size_t{1} << 20 ? Context::kMaxHeaderBytes : 40, 9);
     Counter local, remote;
     const int before = sink.done;
     REQUIRE(a.send({.dest = pair.to_b(), .dispatch = 1, .header = bytes_of(hdr), .payload = bytes_of(pay),
@@ -322,7 +349,7 @@ TEST_CASE_TEMPLATE("allocated memory: PUT/GET by plain copy; a freed region's ke
   Context &a = pair.a(), &b = pair.b();
   Memory target;
   REQUIRE(pair.client_b().allocate_memory(100000, target).ok());
-  CHECK(target.remote_key().shared_fd != 0);
+  if (std::string(P::kBackend) == "shm") CHECK(shm_fd(target.remote_key()) != 0);
   CHECK(reinterpret_cast<std::uintptr_t>(target.address()) % 4096 == 0);
   auto* t = static_cast<std::uint8_t*>(target.address());
   CHECK(std::all_of(t, t + 100000, [](std::uint8_t x) { return x == 0; }));
@@ -332,7 +359,7 @@ TEST_CASE_TEMPLATE("allocated memory: PUT/GET by plain copy; a freed region's ke
   REQUIRE(pair.client_a().register_memory(back.data(), back.size(), bm).ok());
   RemoteKey key;
   REQUIRE(RemoteKey::from_bytes(target.remote_key().to_bytes(), key).ok());
-  CHECK(key.shared_fd == target.remote_key().shared_fd);
+  CHECK(key == target.remote_key());
   std::vector<Counter> done(40);
   for (std::size_t i = 0; i < 20; ++i)  // odd pieces, more than the FIFO holds
     REQUIRE(a.put({.dest = pair.to_b(), .local = &sm, .local_offset = i * 5000 + 1, .remote = key,
@@ -437,6 +464,59 @@ TEST_CASE_TEMPLATE("remote keys are checked: range, staleness, other jobs", P, B
   // And local memory of another client is not registered here.
   CHECK(a.put({.dest = to_b, .local = &om, .remote = m.remote_key(), .bytes = 16}) ==
         StatusCode::not_registered);
+  }
+}
+
+TEST_CASE_TEMPLATE("a backend refuses a key without its own entry, or with it edited", P, BACKENDS) {
+  P pair(fifo(16));
+  Context &a = pair.a(), &b = pair.b();
+  const Endpoint to_b = pair.to_b();
+  std::vector<std::uint8_t> buf(4096, 0x11), local(4096, 0);
+  Memory lm, m;
+  REQUIRE(pair.client_a().register_memory(local.data(), local.size(), lm).ok());
+  REQUIRE(pair.client_b().register_memory(buf.data(), buf.size(), m).ok());
+  const RemoteKey key = m.remote_key();
+  auto moved = [&](const RemoteKey& k, bool put) {
+    Counter done;
+    const RdmaParams p{.dest = to_b, .local = &lm, .remote = k, .bytes = 16, .local_done = done.cb()};
+    REQUIRE((put ? a.put(p) : a.get(p)).ok());
+    advance_until(a, b, [&] { return done.calls == 1; });
+    return done.last;
+  };
+
+  // Another backend's entry is none of this one's business.
+  RemoteKey extra = key;
+  const std::byte other[8] = {std::byte{1}};
+  REQUIRE(extra.add_entry(kMaxKeyBackends - 1, other).ok());
+  CHECK(moved(extra, false).ok());
+  CHECK(local[0] == 0x11);
+  local[0] = 0;
+
+  const std::uint8_t own = key_id(P::kBackend);
+  if (std::string(P::kBackend) == "self") {
+    CHECK(moved(without_entry(key, own), false).ok());  // self reads no entry: the table decides
+    return;
+  }
+  REQUIRE(key.entry(own) != nullptr);
+  CHECK(moved(without_entry(key, own), false) == StatusCode::remote_access);
+  CHECK(moved(without_entry(key, own), true) == StatusCode::remote_access);
+  RemoteKey edited = key;
+  for (KeyEntry& e : edited.entries)
+    if (e.backend == own) e.length = KeyEntry::kRoom;  // not the length the backend writes
+  CHECK(moved(edited, false) == StatusCode::remote_access);
+  CHECK(moved(edited, true) == StatusCode::remote_access);
+  CHECK(local[0] == 0);
+  for (int i = 0; i < 100; ++i) (void)b.advance();
+  CHECK(buf[0] == 0x11);
+  if (std::string(P::kBackend) == "verbs") {
+    // Another rkey: the peer's NIC refuses it (and the lane breaks).
+    for (KeyEntry& e : edited.entries)
+      if (e.backend == own) {
+        e.length = sizeof(std::uint32_t);
+        e.bytes[0] ^= std::byte{0x5A};
+      }
+    CHECK(moved(edited, false) == StatusCode::remote_access);
+    CHECK(local[0] == 0);
   }
 }
 

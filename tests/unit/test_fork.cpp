@@ -374,7 +374,8 @@ TEST_CASE("fork: the child's copy of a job's Client refuses every call and takes
 TEST_CASE("fork: a child destroying its copies of a Memory and of the Client leaves the parent's keys valid") {
   for (const std::string cma : {"on", "off"}) {
     CAPTURE(cma);
-    const Config config = test::config_with({{"AMI_SHM_CMA", cma}});
+    // Cells that carry both keys in one packet.
+    const Config config = test::config_with({{"AMI_SHM_CMA", cma}, {"AMI_SHM_CELL_SIZE", "512"}});
     CHECK(run_job(2, config, {forking_owner, writer}) == std::vector<int>{0, 0});
   }
 }

@@ -112,10 +112,10 @@ struct Registry {
   bool fail = false;
   detail::RegistrationCache make(detail::RegistrationCache::Limits limits) {
     return detail::RegistrationCache(
-        [this](void* a, std::size_t n, RemoteKey& key, std::uint32_t& lkey) {
+        [this](void* a, std::size_t n, RemoteKey& key, LocalKeys& local) {
           if (fail) return Status{StatusCode::no_resource, "refused"};
           ++registered;
-          lkey = 7;
+          local = {7, 8, 9, 10};
           return regions.add(a, n, key);
         },
         [this](std::uint32_t region) {
@@ -137,7 +137,7 @@ TEST_CASE("registration cache: whole pages, shared while in use, idle ones kept 
     REQUIRE(cache.acquire(memory + 100, 5000, a).ok());  // pages 0-1
     CHECK(a.key.address == reinterpret_cast<std::uintptr_t>(memory));
     CHECK(a.key.length == 2 * 4096);
-    CHECK(a.local_key == 7);
+    CHECK(a.local_keys == LocalKeys{7, 8, 9, 10});
     REQUIRE(cache.acquire(memory + 4096, 10, b).ok());  // inside pages 0-1: shared
     CHECK(b.key == a.key);
     CHECK(r.registered == 1);
@@ -456,7 +456,8 @@ TEST_CASE("the STOP is injected while the first packet is handled, before the re
                                                  1, 8, 0, wire::kRendezvous);
   std::vector<std::byte> p(sizeof h + wire::RendezvousInfo::kBytes + 8);
   std::memcpy(p.data(), &h, sizeof h);
-  wire::RendezvousInfo{reg.key, reinterpret_cast<std::uintptr_t>(r.source.data())}.encode(p.data() + sizeof h);
+  wire::RendezvousInfo{reg.key, reinterpret_cast<std::uintptr_t>(r.source.data())}.encode(p.data() + sizeof h,
+                                                                                           r.da.key_id());
   device::Lane* back = r.db.lane({0, 0});
   REQUIRE(back != nullptr);
   const std::uint64_t before = back->fifo().injected();
@@ -513,7 +514,7 @@ TEST_CASE("rendezvous packets that name nothing live are dropped and counted") {
   std::vector<std::byte> p(sizeof h + wire::RendezvousInfo::kBytes + 8);
   std::memcpy(p.data(), &h, sizeof h);
   RemoteKey key{.job = 1, .task = 0, .region = 0, .generation = 1, .address = 4096, .length = 100};
-  wire::RendezvousInfo{key, 4096}.encode(p.data() + sizeof h);
+  wire::RendezvousInfo{key, 4096}.encode(p.data() + sizeof h, r.db.key_id());
   r.eb.on_packet({0, 0}, p);
   CHECK(r.sa.malformed_by_reason[9] == 1);
   CHECK(r.sb.malformed_by_reason[9] == 3);

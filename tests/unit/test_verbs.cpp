@@ -190,7 +190,8 @@ struct Region {
     const Status s = domain.register_region(number, memory.data(), bytes, lkey, rkey);
     REQUIRE_MESSAGE(s.ok(), ami::to_string(s));
     key.task = domain.task();
-    key.backend_key = rkey;
+    REQUIRE(key.add_entry(domain.options().key_id, ami::verbs::rkey_entry(rkey)).ok());
+    local_keys[domain.options().key_id] = lkey;
     key.address = reinterpret_cast<std::uintptr_t>(memory.data());
     key.length = bytes;
   }
@@ -201,6 +202,7 @@ struct Region {
   std::vector<std::byte> memory;
   std::uint32_t lkey = 0, rkey = 0;
   ami::RemoteKey key;
+  ami::LocalKeys local_keys{};
 };
 
 bool post_rdma(Lane& lane, DescriptorKind kind, Region& local, std::size_t local_offset, const Region& remote,
@@ -210,7 +212,7 @@ bool post_rdma(Lane& lane, DescriptorKind kind, Region& local, std::size_t local
   d->kind = kind;
   d->rdma = ami::device::RdmaDescriptor{.local = local.memory.data() + local_offset,
                                         .length = bytes,
-                                        .local_key = local.lkey,
+                                        .local_keys = local.local_keys,
                                         .remote_address = remote.key.address + remote_offset,
                                         .remote = remote.key};
   lane.fifo().commit(cb);

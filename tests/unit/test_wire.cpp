@@ -2,6 +2,8 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -173,4 +175,145 @@ TEST_CASE("a short packet's compact form: the immediate stands for the short hea
         DecodeError::bad_length);
   std::vector<std::byte> big(kMaxUserHeader + 2);
   CHECK(decode_compact(compact_short(1, kMaxUserHeader + 1), big, b) == DecodeError::bad_length);
+}
+
+namespace {
+
+// A key as a registration with two backends would make it.
+ami::RemoteKey two_entry_key() {
+  ami::RemoteKey k{.job = 0x1122334455667788ull, .task = 3, .region = 9, .generation = 5,
+                   .address = 0x7f0000001000ull, .length = 8192};
+  const std::byte shm[4] = {std::byte{8}, {}, {}, {}};
+  std::array<std::byte, ami::KeyEntry::kRoom> full{};
+  for (std::size_t i = 0; i < full.size(); ++i) full[i] = static_cast<std::byte>(0xA0 + i);
+  REQUIRE(k.add_entry(1, shm).ok());
+  REQUIRE(k.add_entry(3, full).ok());  // a 64-bit key and 8 bytes more
+  return k;
+}
+
+// Where the serialised key keeps its entry count and its first entry.
+constexpr std::size_t kCountAt = 40;
+constexpr std::size_t kEntriesAt = 44;
+constexpr std::size_t kEntryBytes = 2 + ami::KeyEntry::kRoom;
+
+}  // namespace
+
+TEST_CASE("remote key: a round trip keeps every field and every backend's entry") {
+  const ami::RemoteKey k = two_entry_key();
+  ami::RemoteKey back;
+  REQUIRE(ami::RemoteKey::from_bytes(k.to_bytes(), back).ok());
+  CHECK(back == k);
+  REQUIRE(back.entry(1) != nullptr);
+  REQUIRE(back.entry(3) != nullptr);
+  CHECK(back.entry(0) == nullptr);
+  CHECK(back.entry(3)->length == ami::KeyEntry::kRoom);
+  CHECK(std::ranges::equal(back.entry(3)->value(), k.entry(3)->value()));
+
+  // As many entries as a key holds, and none at all.
+  ami::RemoteKey many = k;
+  REQUIRE(many.add_entry(0, {}).ok());
+  REQUIRE(many.add_entry(2, std::span(k.entries[0].bytes).first(4)).ok());
+  REQUIRE(ami::RemoteKey::from_bytes(many.to_bytes(), back).ok());
+  CHECK(back == many);
+  REQUIRE(ami::RemoteKey::from_bytes(ami::RemoteKey{}.to_bytes(), back).ok());
+  CHECK(back == ami::RemoteKey{});
+}
+
+TEST_CASE("remote key: add_entry refuses a second entry of a backend, a full key, too many bytes") {
+  ami::RemoteKey k = two_entry_key();
+  const std::byte four[4] = {};
+  CHECK(k.add_entry(1, four) == ami::StatusCode::invalid_argument);
+  std::array<std::byte, ami::KeyEntry::kRoom + 1> long_bytes{};
+  CHECK(k.add_entry(0, long_bytes) == ami::StatusCode::invalid_argument);
+  REQUIRE(k.add_entry(0, four).ok());
+  REQUIRE(k.add_entry(2, four).ok());
+  CHECK(k.add_entry(7, four) == ami::StatusCode::no_resource);
+  CHECK(k.entry_count == ami::kMaxKeyBackends);
+}
+
+TEST_CASE("remote key: from_bytes refuses every malformed form") {
+  const auto good = two_entry_key().to_bytes();
+  ami::RemoteKey out = two_entry_key();
+  const ami::RemoteKey before = out;
+  auto refused = [&](std::span<const std::byte> bytes, const char* why) {
+    CAPTURE(why);
+    const ami::Status s = ami::RemoteKey::from_bytes(bytes, out);
+    CHECK(s == ami::StatusCode::invalid_argument);
+    CHECK(out == before);  // nothing written
+  };
+  for (std::size_t n = 0; n < good.size(); n += 7) refused(std::span(good).first(n), "truncated");
+  refused(std::span(good).first(good.size() - 1), "one byte short");
+
+  auto bad = good;
+  bad[0] = std::byte{'X'};
+  refused(bad, "bad magic");
+  bad = good;
+  bad[3] = std::byte{'1'};  // "ARK1": the first layout
+  refused(bad, "an older version");
+
+  bad = good;
+  bad[kCountAt] = std::byte{ami::kMaxKeyBackends + 1};
+  refused(bad, "more entries than fit");
+  bad[kCountAt] = std::byte{0xFF};
+  refused(bad, "a count of 255");
+
+  bad = good;
+  bad[kEntriesAt + 1] = std::byte{ami::KeyEntry::kRoom + 1};
+  refused(bad, "an entry longer than its room");
+  bad = good;
+  bad[kEntriesAt + kEntryBytes + 1] = std::byte{0xFF};
+  refused(bad, "the second entry far longer than its room");
+
+  bad = good;
+  bad[kEntriesAt + kEntryBytes] = bad[kEntriesAt];  // the second entry names the first's backend
+  refused(bad, "two entries of one backend");
+
+  ami::RemoteKey wraps = two_entry_key();
+  wraps.address = UINT64_MAX - 100;
+  wraps.length = 200;
+  refused(wraps.to_bytes(), "a range that wraps");
+}
+
+TEST_CASE("rendezvous info carries the key with the lane's backend entry, and refuses a malformed one") {
+  const ami::RemoteKey whole = two_entry_key();
+  RendezvousInfo info{.key = whole, .address = 0x7f0000001000ull + 100};
+  // Where the entry's length lies.
+  constexpr std::size_t kLengthAt = 37;
+  for (std::uint8_t backend : {1, 3}) {
+    CAPTURE(int{backend});
+    std::array<std::byte, RendezvousInfo::kBytes> bytes{};
+    info.encode(bytes.data(), backend);
+    RendezvousInfo back;
+    REQUIRE(RendezvousInfo::decode(bytes, 4000, back));
+    CHECK(back.address == info.address);
+    CHECK(back.key.job == whole.job);
+    CHECK(back.key.task == whole.task);
+    CHECK(back.key.region == whole.region);
+    CHECK(back.key.generation == whole.generation);
+    CHECK(back.key.address == whole.address);
+    CHECK(back.key.length == whole.length);
+    CHECK(back.key.entry_count == 1);  // only that backend's
+    REQUIRE(back.key.entry(backend) != nullptr);
+    CHECK(*back.key.entry(backend) == *whole.entry(backend));
+    CHECK_FALSE(RendezvousInfo::decode(std::span(bytes).first(RendezvousInfo::kBytes - 1), 4000, back));
+    CHECK_FALSE(RendezvousInfo::decode(bytes, 8192, back));  // past the key's range
+    auto bad = bytes;
+    bad[kLengthAt] = std::byte{ami::KeyEntry::kRoom + 1};
+    CHECK_FALSE(RendezvousInfo::decode(bad, 4000, back));
+    bad[kLengthAt] = std::byte{0xFE};
+    CHECK_FALSE(RendezvousInfo::decode(bad, 4000, back));
+  }
+  // A backend the key has no entry for: the key arrives without entries,
+  // and that backend refuses it when it is used.
+  std::array<std::byte, RendezvousInfo::kBytes> bytes{};
+  info.encode(bytes.data(), 2);
+  RendezvousInfo back;
+  REQUIRE(RendezvousInfo::decode(bytes, 4000, back));
+  CHECK(back.key.entry_count == 0);
+  // A key whose range wraps.
+  info.key.address = UINT64_MAX - 100;
+  info.address = info.key.address;
+  info.key.length = 200;
+  info.encode(bytes.data(), 1);
+  CHECK_FALSE(RendezvousInfo::decode(bytes, 4, back));
 }

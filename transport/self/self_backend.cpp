@@ -14,7 +14,7 @@ class SelfBackend final : public device::Backend {
   explicit SelfBackend(const device::BackendSetup& s) : SelfBackend(s, Options::from(s.config)) {}
   SelfBackend(const device::BackendSetup& s, const Options& o)
       : task_(s.task),
-        domain_(s.task, s.contexts, o.queue_depth, o.cell_bytes, s.regions),
+        domain_(s.task, s.contexts, o.queue_depth, o.cell_bytes, s.regions, s.id),
         describe_("self: memcpy, queue " + s.config.text(Param("AMI_SELF_QUEUE_DEPTH")) + " x " +
                   s.config.text(Param("AMI_SELF_CELL_SIZE")) + " B") {}
 

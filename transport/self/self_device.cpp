@@ -10,8 +10,8 @@ namespace ami::self {
 void SelfDomain::FreeAligned::operator()(void* p) const { std::free(p); }
 
 SelfDomain::SelfDomain(std::uint32_t task, std::uint16_t contexts, std::uint32_t queue_depth,
-                       std::uint32_t cell_bytes, const device::RegionTable& regions)
-    : task_(task), regions_(regions) {
+                       std::uint32_t cell_bytes, const device::RegionTable& regions, std::uint8_t key_id)
+    : task_(task), key_id_(key_id), regions_(regions) {
   const std::size_t one = device::ReceptionQueue::bytes_needed(queue_depth, cell_bytes);
   void* mem = std::aligned_alloc(device::kCacheLine, one * contexts);
   if (mem == nullptr) throw std::bad_alloc();

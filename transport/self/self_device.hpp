@@ -21,10 +21,12 @@ namespace ami::self {
 
 class SelfDomain {
  public:
+  // key_id: the registry's id of self (BackendSetup::id).
   SelfDomain(std::uint32_t task, std::uint16_t contexts, std::uint32_t queue_depth,
-             std::uint32_t cell_bytes, const device::RegionTable& regions);
+             std::uint32_t cell_bytes, const device::RegionTable& regions, std::uint8_t key_id = 0);
 
   std::uint32_t task() const { return task_; }
+  std::uint8_t key_id() const { return key_id_; }
   std::uint16_t contexts() const { return static_cast<std::uint16_t>(queues_.size()); }
   device::ReceptionQueue& queue(std::uint16_t context) { return queues_[context]; }
   const device::ReceptionQueue& queue(std::uint16_t context) const { return queues_[context]; }
@@ -36,6 +38,7 @@ class SelfDomain {
   };
 
   std::uint32_t task_;
+  std::uint8_t key_id_;
   const device::RegionTable& regions_;
   std::unique_ptr<void, FreeAligned> memory_;
   std::vector<device::ReceptionQueue> queues_;
@@ -63,6 +66,7 @@ class SelfDevice final : public device::Device {
   SelfDevice(SelfDomain& domain, std::uint16_t context, std::uint32_t fifo_depth);
 
   std::string_view name() const override { return "self"; }
+  std::uint8_t key_id() const override { return domain_.key_id(); }
   bool can_reach(Endpoint peer) const override;
   device::Lane* lane(Endpoint peer) override;
   std::size_t progress(device::PacketSink& sink, std::size_t budget) override;

@@ -87,8 +87,12 @@ BackendSet::BackendSet(const device::BackendSetup& setup) : task_(setup.task) {
       if (required) throw Error("Client: AMI_BACKENDS asks for " + name + ", but " + slot.absent);
       continue;
     }
+    if (rows[i].id >= kMaxKeyBackends)
+      throw Error("Client: backend " + name + " has an id past the keys' room (kMaxKeyBackends)");
+    device::BackendSetup own = setup;
+    own.id = static_cast<std::uint8_t>(rows[i].id);
     try {
-      slot.backend = rows[i].info.open(setup);
+      slot.backend = rows[i].info.open(own);
     } catch (const Error& e) {
       if (required) throw;
       slot.absent = e.what();
@@ -160,8 +164,10 @@ std::vector<std::string> BackendSet::join(const AddressBlob& mine, const std::ve
 
 Status BackendSet::register_region(std::uint32_t region, void* address, std::size_t length,
                                    device::RegionKeys& keys) {
-  for (device::Backend* b : in_use_) {
-    Status s = b->register_region(region, address, length, keys);
+  for (const Slot& slot : slots_) {
+    if (!slot.backend) continue;
+    keys.set_backend(static_cast<std::uint8_t>(slot.row->id));
+    Status s = slot.backend->register_region(region, address, length, keys);
     if (!s.ok()) return s;
   }
   return Status::success();

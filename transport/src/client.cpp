@@ -58,7 +58,7 @@ struct Client::Impl {
   }
 
   void exchange_addresses(std::uint16_t contexts);
-  Status register_region(RemoteKey& key, void* address, std::size_t length, std::uint32_t& lkey);
+  Status register_region(RemoteKey& key, void* address, std::size_t length, LocalKeys& local, int shared_fd = -1);
   std::unique_ptr<detail::RegistrationCache> make_cache();
 
   // The process this Client belongs to (fork_guard.hpp).
@@ -147,8 +147,8 @@ std::unique_ptr<detail::RegistrationCache> Client::Impl::make_cache() {
   limits.max_entries = options.rcache_max_entries;
   limits.max_bytes = options.rcache_max_mb << 20;
   limits.idle = options.rcache_idle.value_or(backends.pins_registrations() ? 0 : 64);
-  auto reg = [this](void* address, std::size_t length, RemoteKey& key, std::uint32_t& lkey) {
-    return register_region(key, address, length, lkey);
+  auto reg = [this](void* address, std::size_t length, RemoteKey& key, LocalKeys& local) {
+    return register_region(key, address, length, local);
   };
   auto dereg = [this](std::uint32_t region) { regions.remove(region); };
   return std::make_unique<detail::RegistrationCache>(reg, dereg, limits,
@@ -229,19 +229,19 @@ std::string Client::describe_backends() const {
 }
 
 // A slot in the region table, and each backend's registration of it.
-Status Client::Impl::register_region(RemoteKey& key, void* address, std::size_t length, std::uint32_t& lkey) {
+Status Client::Impl::register_region(RemoteKey& key, void* address, std::size_t length, LocalKeys& local,
+                                     int shared_fd) {
   std::unique_lock lock(registration_mutex);
   Status s = regions.add(address, length, key);
   if (!s.ok()) return s;
-  device::RegionKeys keys;
+  local = {};
+  device::RegionKeys keys(key, local, shared_fd);
   s = backends.register_region(key.region, address, length, keys);
   if (!s.ok()) {
     lock.unlock();  // remove() takes it again through the hook
     regions.remove(key.region);
     return s;
   }
-  key.backend_key = keys.backend_key;
-  lkey = keys.local_key;
   return s;
 }
 
@@ -262,13 +262,13 @@ Status Client::allocate_memory(std::size_t length, Memory& out) {
   if (length == 0) return {StatusCode::invalid_argument, "allocate_memory: length is zero"};
   // A length near 2^64 would wrap the size below into one page.
   const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-  if (length > std::numeric_limits<std::size_t>::max() - SharedRegionHeader::kBytes - page)
+  if (length > std::numeric_limits<std::size_t>::max() - device::kSharedRegionPrefix - page)
     return {StatusCode::invalid_argument, "allocate_memory: length runs past the end of the address space"};
   // Pages come on first touch; a region larger than the host could ever
   // back would only fail there (SIGBUS, or the OOM killer).
   if (length > host_memory_bytes())
     return {StatusCode::no_resource, "allocate_memory: length is more than this host's memory and swap"};
-  const std::size_t bytes = SharedRegionHeader::kBytes + length;
+  const std::size_t bytes = device::kSharedRegionPrefix + length;
   const int fd = ::memfd_create("ami-region", MFD_CLOEXEC);
   if (fd < 0) return {StatusCode::no_resource, "allocate_memory: memfd_create failed"};
   void* map = MAP_FAILED;
@@ -278,19 +278,16 @@ Status Client::allocate_memory(std::size_t length, Memory& out) {
     ::close(fd);
     return {StatusCode::no_resource, "allocate_memory: the shared mapping cannot be made"};
   }
-  auto* data = static_cast<std::byte*>(map) + SharedRegionHeader::kBytes;
+  auto* data = static_cast<std::byte*>(map) + device::kSharedRegionPrefix;
   RemoteKey key;
-  std::uint32_t lkey = 0;
-  Status s = impl_->register_region(key, data, length, lkey);
+  LocalKeys local;
+  Status s = impl_->register_region(key, data, length, local, fd);
   if (!s.ok()) {
     ::munmap(map, bytes);
     ::close(fd);
     return s;
   }
-  key.shared_fd = static_cast<std::uint32_t>(fd) + 1;
-  *static_cast<SharedRegionHeader*>(map) =
-      SharedRegionHeader{SharedRegionHeader::kMagic, key.job, key.task, key.region, key.generation, 0, length};
-  out = Memory(&impl_->regions, key.region, key, data, length, map, bytes, fd, lkey);
+  out = Memory(&impl_->regions, key.region, key, data, length, map, bytes, fd, local);
   return Status::success();
 }
 
@@ -302,10 +299,10 @@ Status Client::register_memory(void* address, std::size_t length, Memory& out) {
   if (reinterpret_cast<std::uintptr_t>(address) > std::numeric_limits<std::uintptr_t>::max() - length)
     return {StatusCode::invalid_argument, "register_memory: the range runs past the end of the address space"};
   RemoteKey key;
-  std::uint32_t lkey = 0;
-  Status s = impl_->register_region(key, address, length, lkey);
+  LocalKeys local;
+  Status s = impl_->register_region(key, address, length, local);
   if (!s.ok()) return s;
-  out = Memory(&impl_->regions, key.region, key, address, length, lkey);
+  out = Memory(&impl_->regions, key.region, key, address, length, local);
   return Status::success();
 }
 

@@ -194,7 +194,7 @@ Status Context::put(const RdmaParams& params) {
   Status s = check_rdma(client(), params, true);
   if (!s.ok()) return s;
   auto* local = static_cast<std::byte*>(params.local->address()) + params.local_offset;
-  return impl_->engine.rdma(device::DescriptorKind::put, params, local, params.local->local_key());
+  return impl_->engine.rdma(device::DescriptorKind::put, params, local, params.local->local_keys());
 }
 
 Status Context::get(const RdmaParams& params) {
@@ -203,7 +203,7 @@ Status Context::get(const RdmaParams& params) {
   Status s = check_rdma(client(), params, false);
   if (!s.ok()) return s;
   auto* local = static_cast<std::byte*>(params.local->address()) + params.local_offset;
-  return impl_->engine.rdma(device::DescriptorKind::get, params, local, params.local->local_key());
+  return impl_->engine.rdma(device::DescriptorKind::get, params, local, params.local->local_keys());
 }
 
 std::size_t Context::advance(std::size_t max_loops) {

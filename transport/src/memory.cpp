@@ -4,7 +4,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cstring>
 #include <utility>
 
@@ -21,8 +20,23 @@ using detail::store;
 
 }  // namespace
 
-// Layout (little-endian): magic u32, task u32, region u32, generation u32,
-// backend_key u32, shared_fd u32, job u64, address u64, length u64.
+Status RemoteKey::add_entry(std::uint8_t backend, std::span<const std::byte> bytes) {
+  if (entry(backend) != nullptr)
+    return {StatusCode::invalid_argument, "remote key: the backend has an entry already"};
+  if (entry_count >= kMaxKeyBackends)
+    return {StatusCode::no_resource, "remote key: no room for another backend's entry"};
+  if (bytes.size() > KeyEntry::kRoom)
+    return {StatusCode::invalid_argument, "remote key: more key bytes than an entry holds"};
+  KeyEntry& e = entries[entry_count++];
+  e = KeyEntry{.backend = backend, .length = static_cast<std::uint8_t>(bytes.size())};
+  if (!bytes.empty()) std::memcpy(e.bytes.data(), bytes.data(), bytes.size());
+  return Status::success();
+}
+
+// Layout (little-endian, 120 bytes): magic u32, task u32, region u32,
+// generation u32, job u64, address u64, length u64, entry count u8, 3 bytes
+// zero, then kMaxKeyBackends entries of 18 bytes (backend u8, length u8,
+// bytes[16]; those past the count all zero), then 4 bytes zero.
 std::array<std::byte, RemoteKey::kSerializedSize> RemoteKey::to_bytes() const {
   std::array<std::byte, kSerializedSize> out{};
   std::byte* p = out.data();
@@ -30,38 +44,74 @@ std::array<std::byte, RemoteKey::kSerializedSize> RemoteKey::to_bytes() const {
   store(p, task);
   store(p, region);
   store(p, generation);
-  store(p, backend_key);
-  store(p, shared_fd);
   store(p, job);
   store(p, address);
   store(p, length);
+  store(p, entry_count);
+  p += 3;
+  for (std::uint8_t i = 0; i < entry_count && i < kMaxKeyBackends; ++i) {
+    store(p, entries[i].backend);
+    store(p, entries[i].length);
+    std::memcpy(p, entries[i].bytes.data(), KeyEntry::kRoom);
+    p += KeyEntry::kRoom;
+  }
   return out;
 }
+
+namespace {
+
+constexpr std::size_t kEntriesAt = 44;
+constexpr std::size_t kEntryBytes = 2 + KeyEntry::kRoom;
+static_assert(kEntriesAt + kMaxKeyBackends * kEntryBytes + 4 == RemoteKey::kSerializedSize);
+
+// Reads the entries after the fixed fields into k (whose count is read).
+Status load_entries(const std::byte* p, RemoteKey& k) {
+  if (k.entry_count > kMaxKeyBackends)
+    return {StatusCode::invalid_argument, "remote key: more backend entries than a key holds"};
+  const std::uint8_t n = k.entry_count;
+  k.entry_count = 0;
+  for (std::uint8_t i = 0; i < n; ++i) {
+    const auto backend = load<std::uint8_t>(p);
+    const auto length = load<std::uint8_t>(p);
+    if (length > KeyEntry::kRoom)
+      return {StatusCode::invalid_argument, "remote key: an entry is longer than its room"};
+    if (k.entry(backend) != nullptr)
+      return {StatusCode::invalid_argument, "remote key: two entries of one backend"};
+    KeyEntry& e = k.entries[k.entry_count++];
+    e.backend = backend;
+    e.length = length;
+    std::memcpy(e.bytes.data(), p, length);  // the rest stays zero, as add_entry() leaves it
+    p += KeyEntry::kRoom;
+  }
+  return Status::success();
+}
+
+}  // namespace
 
 Status RemoteKey::from_bytes(std::span<const std::byte> bytes, RemoteKey& out) {
   if (bytes.size() < kSerializedSize)
     return {StatusCode::invalid_argument, "remote key: fewer bytes than a serialised key"};
   const std::byte* p = bytes.data();
   if (load<std::uint32_t>(p) != kMagic)
-    return {StatusCode::invalid_argument, "remote key: bad magic"};
+    return {StatusCode::invalid_argument, "remote key: bad magic (not a key of this version)"};
   RemoteKey k;
   k.task = load<std::uint32_t>(p);
   k.region = load<std::uint32_t>(p);
   k.generation = load<std::uint32_t>(p);
-  k.backend_key = load<std::uint32_t>(p);
-  k.shared_fd = load<std::uint32_t>(p);
   k.job = load<std::uint64_t>(p);
   k.address = load<std::uint64_t>(p);
   k.length = load<std::uint64_t>(p);
+  k.entry_count = load<std::uint8_t>(p);
   if (k.address + k.length < k.address)
     return {StatusCode::invalid_argument, "remote key: region wraps around the address space"};
+  if (Status s = load_entries(bytes.data() + kEntriesAt, k); !s.ok()) return s;
   out = k;
   return Status::success();
 }
 
 Memory::Memory(Memory&& other) noexcept
     : table_(std::exchange(other.table_, nullptr)), region_(other.region_), key_(other.key_),
-      address_(other.address_), length_(other.length_), local_key_(other.local_key_),
+      address_(other.address_), length_(other.length_), local_keys_(other.local_keys_),
       mapping_(std::exchange(other.mapping_, nullptr)), mapping_bytes_(other.mapping_bytes_),
       fd_(std::exchange(other.fd_, -1)), fork_generation_(other.fork_generation_) {}
 
@@ -73,7 +123,7 @@ Memory& Memory::operator=(Memory&& other) noexcept {
     key_ = other.key_;
     address_ = other.address_;
     length_ = other.length_;
-    local_key_ = other.local_key_;
+    local_keys_ = other.local_keys_;
     mapping_ = std::exchange(other.mapping_, nullptr);
     mapping_bytes_ = other.mapping_bytes_;
     fd_ = std::exchange(other.fd_, -1);
@@ -92,9 +142,8 @@ void Memory::release() {
   if (table_ != nullptr && owner) table_->remove(region_);
   table_ = nullptr;
   if (mapping_ != nullptr) {
-    // Peers check the generation before each copy: from here on they refuse.
-    auto* h = static_cast<SharedRegionHeader*>(mapping_);
-    if (owner) std::atomic_ref<std::uint32_t>(h->generation).store(0, std::memory_order_release);
+    // (A backend that shares the mapping marked it freed when the region
+    // table's remove() deregistered it.)
     ::munmap(mapping_, mapping_bytes_);
     mapping_ = nullptr;
   }

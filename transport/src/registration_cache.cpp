@@ -36,7 +36,7 @@ Status RegistrationCache::acquire(const void* address, std::uint64_t bytes,
       ++in_use_;
     }
     ++counters_.hits;
-    out = device::Registration{e.key, e.local_key, i};
+    out = device::Registration{e.key, e.local_keys, i};
     return Status::success();
   }
   ++counters_.misses;
@@ -47,7 +47,7 @@ Status RegistrationCache::acquire(const void* address, std::uint64_t bytes,
   }
   const std::uint32_t i = free_.back();
   Entry& e = entries_[i];
-  Status s = register_(reinterpret_cast<void*>(start), end - start, e.key, e.local_key);
+  Status s = register_(reinterpret_cast<void*>(start), end - start, e.key, e.local_keys);
   if (!s.ok()) return s;
   free_.pop_back();
   e.start = start;
@@ -56,7 +56,7 @@ Status RegistrationCache::acquire(const void* address, std::uint64_t bytes,
   e.live = true;
   ++in_use_;
   bytes_ += end - start;
-  out = device::Registration{e.key, e.local_key, i};
+  out = device::Registration{e.key, e.local_keys, i};
   return Status::success();
 }
 

@@ -29,7 +29,7 @@ class RegistrationCache final : public device::Registrar {
   // Registers [address, address + length) in the client: a region slot, and
   // the backend's registration where there is one.
   using RegisterFn = std::function<Status(void* address, std::size_t length, RemoteKey& key,
-                                          std::uint32_t& local_key)>;
+                                          LocalKeys& local_keys)>;
   using DeregisterFn = std::function<void(std::uint32_t region)>;
 
   struct Limits {
@@ -63,7 +63,7 @@ class RegistrationCache final : public device::Registrar {
     std::uintptr_t start = 0;
     std::uintptr_t end = 0;
     RemoteKey key{};
-    std::uint32_t local_key = 0;
+    LocalKeys local_keys{};
     std::uint32_t refs = 0;
     bool live = false;
     std::uint32_t older = kNone;  // idle list, most recent at head_

@@ -49,6 +49,9 @@ struct BackendSetup {
   // Slots in each lane's injection FIFO (the core's AMI_FIFO_DEPTH): the
   // most descriptors a lane has in flight.
   std::uint32_t fifo_depth = 0;
+  // The registry's id of the backend opened: its entry in a RemoteKey and
+  // its index in LocalKeys (memory.hpp).
+  std::uint8_t id = 0;
 };
 
 // What every task publishes besides its backends' entries.
@@ -60,12 +63,34 @@ struct TaskFacts {
   std::string_view hostname;
 };
 
-// The keys a registration gets from a backend. Today the RemoteKey has one
-// field for them (backend_key), which one backend at most fills; opaque
-// per-backend key bytes in the RemoteKey are the next step.
-struct RegionKeys {
-  std::uint32_t backend_key = 0;  // the RemoteKey's (verbs: the rkey)
-  std::uint32_t local_key = 0;    // for the local side of a PUT or GET (verbs: the lkey)
+// allocate_memory() reserves this many bytes of its memfd in front of the
+// region, for a backend that shares the mapping with peers (its header).
+inline constexpr std::size_t kSharedRegionPrefix = 4096;
+
+// A registration as one backend sees it, and where it writes its keys: its
+// entry of the RemoteKey (bytes for the peers) and its LocalKeys word.
+class RegionKeys {
+ public:
+  RegionKeys(RemoteKey& remote, LocalKeys& local, int shared_fd = -1)
+      : remote_(remote), local_(local), shared_fd_(shared_fd) {}
+
+  // The backend being asked (BackendSet sets it before each call).
+  void set_backend(std::uint8_t id) { backend_ = id; }
+  // What names the region: job, task, region, generation, range.
+  const RemoteKey& key() const { return remote_; }
+  // allocate_memory(): the memfd holding the region, which starts
+  // kSharedRegionPrefix bytes into it; -1 for memory only registered.
+  int shared_fd() const { return shared_fd_; }
+
+  // The backend's bytes for the peers (at most KeyEntry::kRoom), once.
+  Status set_remote(std::span<const std::byte> bytes) { return remote_.add_entry(backend_, bytes); }
+  void set_local(std::uint64_t word) { local_[backend_] = word; }
+
+ private:
+  RemoteKey& remote_;
+  LocalKeys& local_;
+  int shared_fd_;
+  std::uint8_t backend_ = 0;
 };
 
 class Backend {
@@ -102,7 +127,9 @@ class Backend {
   virtual std::uint32_t tasks_reached() const = 0;
 
   // Memory the task registers, under its slot in the region table (what
-  // the NIC must know of, for one). Nothing to do by default. A region that
+  // the NIC must know of, for one): the backend writes its key bytes into
+  // keys, and later reads its own entry of a RemoteKey it is asked to use,
+  // refusing one without it. Nothing to do by default. A region that
   // registered with some backends and failed with another is deregistered
   // from all of them; deregister_region() of one it does not hold does
   // nothing.

@@ -28,10 +28,11 @@ struct PacketDescriptor {
   std::uint16_t inline_len = 0;
   const std::byte* payload = nullptr;  // referenced until the slot completes
   std::uint32_t payload_len = 0;
-  // The payload lies in a registration with this backend key (the verbs
-  // lkey): a device may send it from there instead of copying it first.
+  // The payload lies in a registration with these local keys: a device may
+  // send it from there (with payload_keys[its backend id]) instead of
+  // copying it first.
   bool payload_keyed = false;
-  std::uint32_t payload_key = 0;
+  LocalKeys payload_keys{};
   // The packet's compact form, for a device that carries a 32-bit immediate
   // with a packet (verbs: SEND with immediate): it may leave out the first
   // compact_prefix inline bytes and send `immediate` instead; the receiving
@@ -45,7 +46,7 @@ struct PacketDescriptor {
 struct RdmaDescriptor {
   std::byte* local = nullptr;      // inside a registration of this task
   std::uint64_t length = 0;
-  std::uint32_t local_key = 0;     // backend key of the local registration
+  LocalKeys local_keys{};           // of the local registration, by backend id
   std::uint64_t remote_address = 0;
   RemoteKey remote{};
 };

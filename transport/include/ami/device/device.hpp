@@ -100,6 +100,11 @@ class Device {
   virtual ~Device() = default;
 
   virtual std::string_view name() const = 0;
+  // The registry's id of its backend (BackendSetup::id): the entry of a
+  // RemoteKey and the word of LocalKeys it reads. The engine hands a peer
+  // only that entry of a key (a rendezvous names its buffer with it), since
+  // the peer reaches the buffer through the same backend.
+  virtual std::uint8_t key_id() const = 0;
   virtual bool can_reach(Endpoint peer) const = 0;
   // The lane to peer, made on first use; nullptr when it cannot be made.
   virtual Lane* lane(Endpoint peer) = 0;

@@ -77,7 +77,7 @@ class RegionTable {
       fill(slots_[i], start, length, gen + 1);
       if (published_ != nullptr) fill(published_[i], start, length, gen + 1);
       key = RemoteKey{.job = job_, .task = task_, .region = i, .generation = gen + 1,
-                      .backend_key = 0, .address = start, .length = length};
+                      .address = start, .length = length};
       return Status::success();
     }
     return {StatusCode::no_resource, "register_memory: the region table is full (AMI_MAX_REGIONS)"};

@@ -19,7 +19,7 @@ namespace ami::device {
 
 struct Registration {
   RemoteKey key{};              // its range covers the acquired one
-  std::uint32_t local_key = 0;  // e.g. the verbs lkey
+  LocalKeys local_keys{};       // by backend id
   std::uint32_t handle = 0;     // the registrar's own: pass back to release()
 };
 
