@@ -1,5 +1,5 @@
 // shm_backend/segment.cpp — creating, mapping and checking segments.
-#include "shm_backend/segment.hpp"
+#include "segment.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -1,14 +1,14 @@
 // shm_backend/shm_backend.cpp — the shm backend's setup: the domain from
 // the configuration, the address entry, attaching the peers of this host.
 // The per-message path is shm_datapath.cpp and shm_rdma.cpp.
-#include "shm_backend/shm_backend.hpp"
+#include "shm_backend.hpp"
 
 #include <atomic>
 #include <cstring>
 #include <unordered_map>
 
-#include "shm_backend/shared_region.hpp"
-#include "shm_backend/shm_device.hpp"
+#include "shared_region.hpp"
+#include "shm_device.hpp"
 
 namespace ami::shm {
 

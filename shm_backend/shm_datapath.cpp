@@ -4,8 +4,8 @@
 #include <cstring>
 
 #include "ami/device/coarse_clock.hpp"
-#include "shm_backend/shared_region.hpp"
-#include "shm_backend/shm_device.hpp"
+#include "shared_region.hpp"
+#include "shm_device.hpp"
 
 namespace ami::shm {
 

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "ami/device/device.hpp"
-#include "shm_backend/rdma_chunk.hpp"
-#include "shm_backend/shm_domain.hpp"
+#include "rdma_chunk.hpp"
+#include "shm_domain.hpp"
 
 namespace ami::shm {
 

@@ -1,5 +1,5 @@
 // shm_backend/shm_domain.cpp — setup of the shared-memory domain.
-#include "shm_backend/shm_domain.hpp"
+#include "shm_domain.hpp"
 
 #include <poll.h>
 #include <signal.h>

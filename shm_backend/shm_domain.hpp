@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "ami/device/region_table.hpp"
-#include "shm_backend/segment.hpp"
-#include "shm_backend/shm_config.hpp"
+#include "segment.hpp"
+#include "shm_config.hpp"
 
 namespace ami::shm {
 

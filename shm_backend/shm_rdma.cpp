@@ -13,8 +13,8 @@
 #include <cstdio>
 #include <cstring>
 
-#include "shm_backend/shared_region.hpp"
-#include "shm_backend/shm_device.hpp"
+#include "shared_region.hpp"
+#include "shm_device.hpp"
 
 namespace ami::shm {
 

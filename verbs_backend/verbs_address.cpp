@@ -1,12 +1,12 @@
 // verbs_backend/verbs_address.cpp — encoding and checking of the address a
 // task publishes for the verbs backend.
-#include "verbs_backend/verbs_address.hpp"
+#include "verbs_address.hpp"
 
 #include <infiniband/verbs.h>
 
 #include <cstring>
 
-#include "transport/src/byte_io.hpp"
+#include "ami/device/byte_io.hpp"
 
 namespace ami::verbs {
 

@@ -2,15 +2,15 @@
 // from the configuration, the domain, connecting peers, registering memory
 // with the NIC. The domain itself is verbs_setup.cpp and verbs_connect.cpp;
 // the per-message path is verbs_datapath.cpp.
-#include "verbs_backend/verbs_backend.hpp"
+#include "verbs_backend.hpp"
 
 #include <algorithm>
 #include <bit>
 
 #include "ami/device/descriptor.hpp"
 #include "ami/error.hpp"
-#include "verbs_backend/verbs_device.hpp"
-#include "verbs_backend/verbs_domain.hpp"
+#include "verbs_device.hpp"
+#include "verbs_domain.hpp"
 
 namespace ami::verbs {
 

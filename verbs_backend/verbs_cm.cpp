@@ -1,5 +1,5 @@
 // verbs_backend/verbs_cm.cpp — lane connection through librdmacm (see header).
-#include "verbs_backend/verbs_cm.hpp"
+#include "verbs_cm.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -10,9 +10,9 @@
 #include <random>
 
 #include "ami/error.hpp"
-#include "transport/src/byte_io.hpp"
-#include "verbs_backend/verbs_port.hpp"
-#include "verbs_backend/verbs_qp.hpp"
+#include "ami/device/byte_io.hpp"
+#include "verbs_port.hpp"
+#include "verbs_qp.hpp"
 
 namespace ami::verbs {
 

@@ -24,7 +24,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "verbs_backend/verbs_domain.hpp"
+#include "verbs_domain.hpp"
 
 namespace ami::verbs {
 

@@ -7,9 +7,9 @@
 #include <cstring>
 
 #include "ami/device/descriptor.hpp"
-#include "verbs_backend/verbs_cm.hpp"
-#include "verbs_backend/verbs_domain.hpp"
-#include "verbs_backend/verbs_qp.hpp"
+#include "verbs_cm.hpp"
+#include "verbs_domain.hpp"
+#include "verbs_qp.hpp"
 
 namespace ami::verbs {
 

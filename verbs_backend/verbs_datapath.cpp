@@ -5,7 +5,7 @@
 
 #include <cstring>
 
-#include "verbs_backend/verbs_device.hpp"
+#include "verbs_device.hpp"
 
 namespace ami::verbs {
 

@@ -1,7 +1,7 @@
 // verbs_backend/verbs_device.cpp — setting up a context's device and its
 // lanes: registering the FIFO's descriptors and the staging ring,
 // pre-linking the work requests. The per-message path is verbs_datapath.cpp.
-#include "verbs_backend/verbs_device.hpp"
+#include "verbs_device.hpp"
 
 #include <algorithm>
 #include <cstring>

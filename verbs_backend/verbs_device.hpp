@@ -44,7 +44,7 @@
 #include <vector>
 
 #include "ami/device/device.hpp"
-#include "verbs_backend/verbs_domain.hpp"
+#include "verbs_domain.hpp"
 
 namespace ami::verbs {
 

@@ -37,9 +37,9 @@
 #include "ami/device/region_table.hpp"
 #include "ami/memory.hpp"
 #include "ami/status.hpp"
-#include "verbs_backend/verbs_address.hpp"
-#include "verbs_backend/verbs_config.hpp"
-#include "verbs_backend/verbs_resources.hpp"
+#include "verbs_address.hpp"
+#include "verbs_config.hpp"
+#include "verbs_resources.hpp"
 
 namespace ami::verbs {
 

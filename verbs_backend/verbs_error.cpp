@@ -1,5 +1,5 @@
 // verbs_backend/verbs_error.cpp — error conventions and logging (see header).
-#include "verbs_backend/verbs_error.hpp"
+#include "verbs_error.hpp"
 
 #include <array>
 #include <cstdarg>

@@ -1,5 +1,5 @@
 // verbs_backend/verbs_port.cpp — device, port and GID selection.
-#include "verbs_backend/verbs_port.hpp"
+#include "verbs_port.hpp"
 
 #include <arpa/inet.h>
 

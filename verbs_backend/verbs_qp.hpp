@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "verbs_backend/verbs_domain.hpp"
+#include "verbs_domain.hpp"
 
 namespace ami::verbs {
 

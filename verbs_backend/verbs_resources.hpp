@@ -15,7 +15,7 @@
 #include <cstdlib>
 #include <memory>
 
-#include "verbs_backend/verbs_error.hpp"
+#include "verbs_error.hpp"
 
 namespace ami::verbs {
 

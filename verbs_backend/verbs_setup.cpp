@@ -11,10 +11,10 @@
 
 #include "ami/device/descriptor.hpp"
 #include "ami/error.hpp"
-#include "verbs_backend/verbs_cm.hpp"
-#include "verbs_backend/verbs_domain.hpp"
-#include "verbs_backend/verbs_port.hpp"
-#include "verbs_backend/verbs_qp.hpp"
+#include "verbs_cm.hpp"
+#include "verbs_domain.hpp"
+#include "verbs_port.hpp"
+#include "verbs_qp.hpp"
 
 namespace ami::verbs {
 

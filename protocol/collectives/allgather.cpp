@@ -7,7 +7,7 @@
 // in the next allgather) waits in a buffer, or at its sender when large.
 #include <cstring>
 
-#include "protocol/collectives/engine.hpp"
+#include "engine.hpp"
 
 namespace ami::coll {
 

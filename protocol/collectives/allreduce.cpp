@@ -18,7 +18,7 @@
 // before it is ready. Nothing is copied on the way but an early arrival.
 #include <cstring>
 
-#include "protocol/collectives/engine.hpp"
+#include "engine.hpp"
 
 namespace ami::coll {
 

@@ -16,7 +16,7 @@
 // a record (or at its sender) meanwhile.
 #include <cstring>
 
-#include "protocol/collectives/engine.hpp"
+#include "engine.hpp"
 
 namespace ami::coll {
 

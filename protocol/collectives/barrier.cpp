@@ -16,7 +16,7 @@
 // none waits for a round a failed barrier will never send. A barrier that
 // has all it needs from the dead member (it finished the barrier and then
 // exited, the way a job ends) completes as usual.
-#include "protocol/collectives/engine.hpp"
+#include "engine.hpp"
 
 namespace ami::coll {
 

@@ -10,7 +10,7 @@
 // is moved once).
 #include <cstring>
 
-#include "protocol/collectives/engine.hpp"
+#include "engine.hpp"
 
 namespace ami::coll {
 

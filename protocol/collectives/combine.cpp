@@ -1,5 +1,5 @@
 // protocol/collectives/combine.cpp — the reduction kernels.
-#include "protocol/collectives/combine.hpp"
+#include "combine.hpp"
 
 #include <algorithm>
 #include <cstring>

@@ -1,14 +1,14 @@
 // protocol/collectives/engine.cpp — the Engine: construction, geometries,
 // the dispatch handler, sends, kept arrivals and completions; and the
 // public Collectives and Geometry in front of it.
-#include "protocol/collectives/engine.hpp"
+#include "engine.hpp"
 
 #include <algorithm>
 #include <cstring>
 
 #include "ami/client.hpp"
+#include "ami/collectives_config.hpp"
 #include "ami/error.hpp"
-#include "protocol/protocol_config.hpp"
 
 namespace ami::coll {
 
@@ -30,8 +30,8 @@ Engine::Engine(Context& context, std::uint16_t dispatch)
       dispatch(dispatch),
       task(context.client().task()),
       job_size(context.client().size()),
-      eager_max(protocol::Options::from(context.client().config()).coll_eager_max),
-      ring_min(protocol::Options::from(context.client().config()).coll_ring_min) {
+      eager_max(coll::Options::from(context.client().config()).eager_max),
+      ring_min(coll::Options::from(context.client().config()).ring_min) {
   if (job_size > kMaxGeometry) throw Error("Collectives: more than 32768 tasks in the job");
   immediate_.assign(job_size, 0);
   if (Status s = context.set_dispatch(dispatch, {&Engine::on_message, this}); !s.ok())

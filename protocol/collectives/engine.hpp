@@ -38,10 +38,10 @@
 
 #include "ami/collectives.hpp"
 #include "ami/context.hpp"
-#include "protocol/collectives/combine.hpp"
-#include "protocol/collectives/pools.hpp"
-#include "protocol/collectives/topology.hpp"
-#include "protocol/collectives/wire.hpp"
+#include "combine.hpp"
+#include "pools.hpp"
+#include "topology.hpp"
+#include "wire.hpp"
 
 namespace ami::coll {
 

@@ -5,7 +5,7 @@
 // kind in kAlgorithms; the geometry itself names no kind.
 #include <cstring>
 
-#include "protocol/collectives/engine.hpp"
+#include "engine.hpp"
 
 namespace ami::coll {
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "ami/dispatch.hpp"
-#include "protocol/collectives/wire.hpp"
+#include "wire.hpp"
 
 namespace ami::coll {
 

@@ -17,7 +17,7 @@
 // sender and accepted at the call (into the accumulator while it is empty).
 #include <cstring>
 
-#include "protocol/collectives/engine.hpp"
+#include "engine.hpp"
 
 namespace ami::coll {
 

@@ -1,6 +1,6 @@
 // protocol/collectives/wire.cpp — the collective header on the wire; the
 // names of types, operators and kinds.
-#include "protocol/collectives/wire.hpp"
+#include "wire.hpp"
 
 #include <cstring>
 

@@ -1,4 +1,4 @@
-// shm_backend/shm_backend.hpp — the shm backend's setup: the registry's
+// shm_backend/include/shm_backend.hpp — the shm backend's setup: the registry's
 // entry for it (transport/src/backends.cpp). It joins the tasks of one
 // host (same boot id) that both use it, by mapping each other's segment;
 // its entry in the address blob is the segment's descriptor in the owner's

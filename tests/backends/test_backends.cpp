@@ -11,10 +11,12 @@
 #include <numeric>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "ami/ami.hpp"
+#include "backends.hpp"
 #include "pair.hpp"
 
 using namespace ami;
@@ -33,10 +35,14 @@ Config fifo(std::uint64_t depth) { return test::config_with({{"AMI_FIFO_DEPTH", 
 
 // Built twice: as test_backends for self and shm, and with AMI_TEST_VERBS as
 // test_backends_verbs, which runs where an RDMA port is (the rxe VM).
+// Between them the two cover every backend in the registry (checked at the
+// end of this file).
+#define BACKENDS_HERE test::SelfPair, test::ShmPair
+#define BACKENDS_RDMA test::VerbsPair
 #ifdef AMI_TEST_VERBS
-#define BACKENDS test::VerbsPair
+#define BACKENDS BACKENDS_RDMA
 #else
-#define BACKENDS test::SelfPair, test::ShmPair
+#define BACKENDS BACKENDS_HERE
 #endif
 
 // The registry's ids (transport/src/backends.cpp): each backend's entry in keys.
@@ -1126,4 +1132,21 @@ TEST_CASE_TEMPLATE("acks: a stream with remote-done, cut off at an arbitrary poi
   CHECK(b.stats().acks_sent < kCount / 2);  // coalesced
   MESSAGE(b.backend_for(pair.to_a()) << ": " << kCount << " messages answered by " << b.stats().acks_sent
                                      << " acks");
+}
+
+// The conformance tests run over every backend in the registry
+// (transport/src/backends.cpp): a backend added there without its pair in
+// pair.hpp and in one of the lists above fails here.
+template <typename... Pairs>
+std::vector<std::string_view> backend_names() {
+  return {Pairs::kBackend...};
+}
+
+TEST_CASE("every backend in the registry has a pair the conformance tests run over") {
+  std::vector<std::string_view> pairs = backend_names<BACKENDS_HERE>();
+  for (std::string_view name : backend_names<BACKENDS_RDMA>()) pairs.push_back(name);
+  for (const ami::detail::RegisteredBackend& b : ami::detail::registered_backends()) {
+    INFO("backend ", std::string(b.info.name));
+    CHECK(std::find(pairs.begin(), pairs.end(), b.info.name) != pairs.end());
+  }
 }

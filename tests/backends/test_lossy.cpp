@@ -37,8 +37,8 @@
 #include <vector>
 
 #include "ami/ami.hpp"
-#include "transport/src/core_config.hpp"
-#include "protocol/protocol_config.hpp"
+#include "core_config.hpp"
+#include "protocol_config.hpp"
 
 using namespace ami;
 

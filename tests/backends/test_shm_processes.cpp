@@ -20,7 +20,7 @@
 #include "ami/ami.hpp"
 #include "jobs.hpp"
 #include "pair.hpp"
-#include "shm_backend/shm_device.hpp"
+#include "shm_device.hpp"
 
 using namespace ami;
 using namespace test;

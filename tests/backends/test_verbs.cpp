@@ -22,8 +22,8 @@
 #include "ami/device/device.hpp"
 #include "ami/device/region_table.hpp"
 #include "ami/error.hpp"
-#include "verbs_backend/verbs_device.hpp"
-#include "verbs_backend/verbs_domain.hpp"
+#include "verbs_device.hpp"
+#include "verbs_domain.hpp"
 
 namespace {
 

@@ -31,9 +31,9 @@
 
 #include "ami/ami.hpp"
 #include "jobs.hpp"
-#include "protocol/collectives/combine.hpp"
-#include "protocol/collectives/topology.hpp"
-#include "protocol/collectives/wire.hpp"
+#include "combine.hpp"
+#include "topology.hpp"
+#include "wire.hpp"
 
 using namespace ami;
 using namespace test;

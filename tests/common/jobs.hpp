@@ -22,7 +22,6 @@
 
 #include "ami/ami.hpp"
 #include "pair.hpp"
-#include "transport/src/core_config.hpp"
 
 namespace test {
 
@@ -108,7 +107,7 @@ inline std::vector<pid_t> spawn_ranks(std::uint32_t size, const RankOptions& opt
 // The same for ranks of one configuration with one context each.
 inline std::vector<pid_t> spawn(std::uint32_t size, const Config& given, const std::vector<Script>& scripts) {
   Config config = given;  // every job its own key, as a launcher gives it
-  if (config.origin(ami::core::Param("AMI_JOB_KEY")) == "default") REQUIRE(config.set("AMI_JOB_KEY", make_job_key()).ok());
+  if (config.origin(ami::ParamName::lookup("AMI_JOB_KEY")) == "default") REQUIRE(config.set("AMI_JOB_KEY", make_job_key()).ok());
   return spawn_ranks(size, [&](std::uint32_t r, const std::string& address) { return job(r, size, address, config); },
                      scripts);
 }

@@ -17,7 +17,6 @@
 #include <thread>
 
 #include "ami/ami.hpp"
-#include "verbs_backend/verbs_config.hpp"
 
 namespace test {
 
@@ -107,7 +106,7 @@ struct VerbsPair : JobPair {
   // 8 KiB packets of a NIC, unless the case sets its own (soft-RoCE's
   // default, 128 KiB, would carry most of them whole).
   static ami::Config with_packets(ami::Config c) {
-    if (c.origin(ami::verbs::Param("AMI_VERBS_BOUNCE_SIZE")) == "default") REQUIRE(c.set("AMI_VERBS_BOUNCE_SIZE", "8192").ok());
+    if (c.origin(ami::ParamName::lookup("AMI_VERBS_BOUNCE_SIZE")) == "default") REQUIRE(c.set("AMI_VERBS_BOUNCE_SIZE", "8192").ok());
     return c;
   }
 };

@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "verbs_backend/verbs_domain.hpp"
+#include "verbs_domain.hpp"
 
 int main(int argc, char** argv) {
   const char* devices = std::getenv("AMI_NET_DEVICES");

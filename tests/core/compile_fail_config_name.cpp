@@ -6,8 +6,8 @@
 // so the failure is the names' and nothing else's. (A requires-expression
 // cannot show it: a consteval call that fails is an error, not a
 // substitution failure.)
-#include "shm_backend/shm_config.hpp"
-#include "transport/src/core_config.hpp"
+#include "core_config.hpp"
+#include "shm_config.hpp"
 
 std::uint64_t fifo_depth(const ami::Config& c);
 std::uint64_t ring_depth(const ami::Config& c);

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "transport/src/address_blob.hpp"
+#include "address_blob.hpp"
 
 namespace {
 

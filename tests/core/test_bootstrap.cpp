@@ -32,7 +32,7 @@
 #include <boost/asio.hpp>
 
 #include "ami/error.hpp"
-#include "transport/src/bootstrap.hpp"
+#include "bootstrap.hpp"
 
 using namespace std::chrono_literals;
 using ami::bootstrap::Blob;

@@ -12,12 +12,13 @@
 #include "ami/client.hpp"
 #include "ami/config.hpp"
 #include "ami/error.hpp"
-#include "protocol/protocol_config.hpp"
-#include "shm_backend/shm_config.hpp"
-#include "transport/self/self_config.hpp"
-#include "transport/src/core_config.hpp"
-#include "transport/src/memory_budget.hpp"
-#include "verbs_backend/verbs_domain.hpp"
+#include "ami/collectives_config.hpp"
+#include "core_config.hpp"
+#include "memory_budget.hpp"
+#include "protocol_config.hpp"
+#include "self_config.hpp"
+#include "shm_config.hpp"
+#include "verbs_domain.hpp"
 
 namespace core = ami::core;
 namespace protocol = ami::protocol;
@@ -157,7 +158,7 @@ TEST_CASE("AMI_SIZE, AMI_RANK and the other size-like settings are bounded, and 
         ami::ParamName(verbs::Param("AMI_VERBS_BOUNCE_SIZE")), ami::ParamName(verbs::Param("AMI_VERBS_GID_INDEX")),
         ami::ParamName(core::Param("AMI_MAX_REGIONS")), ami::ParamName(protocol::Param("AMI_ACK_MAX_UNACKED")),
         ami::ParamName(core::Param("AMI_RCACHE_MAX_ENTRIES")), ami::ParamName(core::Param("AMI_RCACHE_MAX_MB")),
-        ami::ParamName(protocol::Param("AMI_COLL_EAGER_MAX"))}) {
+        ami::ParamName(ami::coll::Param("AMI_COLL_EAGER_MAX"))}) {
     bool stated = false;
     for (const std::string& t : bound_texts(name.spec().max)) stated = stated || contains(name.spec().doc, t);
     CHECK_MESSAGE(stated, (std::string(name.name()) + " does not state its bound in its doc"));
@@ -198,10 +199,10 @@ TEST_CASE("a name known only at run time is looked up, and an unknown one throws
 
 TEST_CASE("the union holds every component's rows once") {
   const std::span<const ami::ParamGroup> groups = ami::config_groups();
-  // The core's and the protocol's, then each registered backend's.
+  // The core's, the protocol's, the collectives', then each registered backend's.
   std::vector<std::string_view> components;
   for (const ami::ParamGroup& g : groups) components.push_back(g.component);
-  CHECK(components == std::vector<std::string_view>{"core", "protocol", "self", "shm", "verbs"});
+  CHECK(components == std::vector<std::string_view>{"core", "protocol", "collectives", "self", "shm", "verbs"});
   auto groups_holding = [&](std::span<const ami::ParamSpec> rows) {
     int found = 0;
     for (const ami::ParamGroup& g : groups) found += g.rows.data() == rows.data() && g.rows.size() == rows.size();
@@ -209,6 +210,7 @@ TEST_CASE("the union holds every component's rows once") {
   };
   CHECK(groups_holding(core::kParams) == 1);
   CHECK(groups_holding(protocol::kParams) == 1);
+  CHECK(groups_holding(ami::coll::kParams) == 1);
   CHECK(groups_holding(self::kParams) == 1);
   CHECK(groups_holding(shm::kParams) == 1);
   CHECK(groups_holding(verbs::kParams) == 1);
@@ -220,7 +222,7 @@ TEST_CASE("the union holds every component's rows once") {
       names.push_back(p.name);
       CHECK(&ami::ParamName::lookup(p.name).spec() == &p);
     }
-  CHECK(names.size() == std::size(core::kParams) + std::size(protocol::kParams) + std::size(self::kParams) +
+  CHECK(names.size() == std::size(core::kParams) + std::size(protocol::kParams) + std::size(ami::coll::kParams) + std::size(self::kParams) +
                             std::size(shm::kParams) + std::size(verbs::kParams));
 }
 
@@ -239,6 +241,7 @@ TEST_CASE("each component's typed options from a Config of defaults are its defa
   const ami::Config defaults;
   CHECK(core::Options::from(defaults) == core::Options{});
   CHECK(protocol::Options::from(defaults) == protocol::Options{});
+  CHECK(ami::coll::Options::from(defaults) == ami::coll::Options{});
   CHECK(self::Options::from(defaults) == self::Options{});
   CHECK(shm::Options::from(defaults) == shm::Options{});
   CHECK(verbs::VerbsOptions::from(defaults) == verbs::VerbsOptions{});
@@ -267,7 +270,7 @@ TEST_CASE("a value in the environment reaches each component's typed field") {
   const protocol::Options p = protocol::Options::from(c);
   CHECK(p.ack_max_unacked == 5);
   CHECK(p.rndv_mode == protocol::rndv::Mode::split_get);
-  CHECK(p.coll_ring_min == 4096);
+  CHECK(ami::coll::Options::from(c).ring_min == 4096);
   CHECK(self::Options::from(c).cell_bytes == 1024);
   CHECK_FALSE(shm::Options::from(c).cma);
   CHECK(shm::Options::from(c).queue_depth == 16);

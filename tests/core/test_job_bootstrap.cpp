@@ -9,9 +9,9 @@
 #include <string>
 
 #include "ami/ami.hpp"
-#include "transport/src/job_bootstrap.hpp"
-#include "transport/src/pmix_bootstrap.hpp"
-#include "transport/src/core_config.hpp"
+#include "core_config.hpp"
+#include "job_bootstrap.hpp"
+#include "pmix_bootstrap.hpp"
 
 // Under LeakSanitizer: libpmix keeps a few bytes of PMIx_Init (a failed
 // one too) past PMIx_Finalize, which are not ours to free.

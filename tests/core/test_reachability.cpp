@@ -9,7 +9,7 @@
 
 #include "ami/ami.hpp"
 #include "jobs.hpp"
-#include "transport/src/reachability.hpp"
+#include "reachability.hpp"
 
 using namespace ami;
 

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <span>
 
-#include "transport/src/address_blob.hpp"
-#include "verbs_backend/verbs_address.hpp"
+#include "address_blob.hpp"
+#include "verbs_address.hpp"
 
 namespace {
 

@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "ami/device/region_table.hpp"
-#include "protocol/eager/am_engine.hpp"
-#include "protocol/wire/packet.hpp"
-#include "transport/self/self_device.hpp"
-#include "transport/src/registration_cache.hpp"
+#include "eager/am_engine.hpp"
+#include "wire/packet.hpp"
+#include "self_device.hpp"
+#include "registration_cache.hpp"
 
 namespace {
 

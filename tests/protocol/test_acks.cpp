@@ -9,9 +9,9 @@
 
 #include "ami/device/region_table.hpp"
 #include "ami/device/reception_queue.hpp"
-#include "protocol/ack/ack_dispatcher.hpp"
-#include "protocol/eager/am_engine.hpp"
-#include "transport/self/self_device.hpp"
+#include "ack/ack_dispatcher.hpp"
+#include "eager/am_engine.hpp"
+#include "self_device.hpp"
 
 using namespace ami;
 using protocol::AckDispatcher;

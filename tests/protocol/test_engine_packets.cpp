@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "ami/device/region_table.hpp"
-#include "protocol/eager/am_engine.hpp"
-#include "shm_backend/rdma_chunk.hpp"
-#include "shm_backend/shm_device.hpp"
-#include "transport/self/self_device.hpp"
+#include "eager/am_engine.hpp"
+#include "rdma_chunk.hpp"
+#include "shm_device.hpp"
+#include "self_device.hpp"
 
 using namespace ami;
 using namespace ami::wire;

@@ -27,8 +27,8 @@ using namespace test;
 
 #ifndef AMI_TEST_VERBS
 #include "ami/device/region_table.hpp"
-#include "protocol/eager/am_engine.hpp"
-#include "transport/self/self_device.hpp"
+#include "eager/am_engine.hpp"
+#include "self_device.hpp"
 
 namespace {
 

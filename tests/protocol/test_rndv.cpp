@@ -14,11 +14,11 @@
 
 #include "ami/ami.hpp"
 #include "ami/device/region_table.hpp"
-#include "protocol/eager/am_engine.hpp"
-#include "protocol/rndv/policy.hpp"
-#include "protocol/wire/packet.hpp"
-#include "transport/self/self_device.hpp"
-#include "transport/src/registration_cache.hpp"
+#include "eager/am_engine.hpp"
+#include "rndv/policy.hpp"
+#include "wire/packet.hpp"
+#include "self_device.hpp"
+#include "registration_cache.hpp"
 
 using namespace ami;
 using protocol::rndv::Mode;

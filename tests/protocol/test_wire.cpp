@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "protocol/wire/packet.hpp"
+#include "wire/packet.hpp"
 
 using namespace ami::wire;
 

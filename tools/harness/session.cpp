@@ -24,7 +24,6 @@
 
 #include "ami/ami.hpp"
 #include "harness.hpp"
-#include "protocol/protocol_config.hpp"
 #include "report.hpp"
 
 namespace ami::tools {
@@ -135,12 +134,14 @@ Status send_data(Context& c, Endpoint to, std::size_t immediate_limit, const std
 // The acks a context sent to peer, and its ack dispatcher's configuration.
 AckFigures ack_figures(Client& client, Context& c, Endpoint peer) {
   const AckPeerStats a = c.ack_stats(peer);
-  const protocol::Options o = protocol::Options::from(client.config());
+  // (The protocol's rows are its own: the tools see the public API, and
+  // name them at run time.)
+  const Config& config = client.config();
   return {.messages_acked = a.messages_acked,
           .acks_sent = a.acks_sent,
           .remote_done_sent = c.stats().remote_done_sent,
-          .idle_threshold = o.ack_idle_threshold,
-          .window = o.ack_max_unacked};
+          .idle_threshold = static_cast<unsigned>(config.number(ParamName::lookup("AMI_ACK_IDLE_THRESHOLD"))),
+          .window = static_cast<unsigned>(config.number(ParamName::lookup("AMI_ACK_MAX_UNACKED")))};
 }
 
 // Advances until done() holds; throws when nothing moved it for 30 s

@@ -1,9 +1,9 @@
 // self_backend.cpp — the self backend's setup: a SelfDomain per task, a
 // SelfDevice per context. Nothing to publish, nothing to connect.
-#include "transport/self/self_backend.hpp"
+#include "self_backend.hpp"
 
-#include "transport/self/self_config.hpp"
-#include "transport/self/self_device.hpp"
+#include "self_config.hpp"
+#include "self_device.hpp"
 
 namespace ami::self {
 

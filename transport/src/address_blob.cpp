@@ -6,7 +6,7 @@
 #include <cstring>
 #include <fstream>
 
-#include "byte_io.hpp"
+#include "ami/device/byte_io.hpp"
 
 namespace ami {
 

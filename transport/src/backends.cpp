@@ -2,9 +2,9 @@
 // Adding one is a line here (and its folder, and its tests' list).
 #include "backends.hpp"
 
-#include "shm_backend/shm_backend.hpp"
-#include "transport/self/self_backend.hpp"
-#include "verbs_backend/verbs_backend.hpp"
+#include "shm_backend.hpp"
+#include "self_backend.hpp"
+#include "verbs_backend.hpp"
 
 namespace ami::detail {
 

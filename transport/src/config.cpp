@@ -9,10 +9,11 @@
 #include <cstdio>
 #include <limits>
 
+#include "ami/collectives_config.hpp"
 #include "ami/error.hpp"
 #include "backends.hpp"
 #include "core_config.hpp"
-#include "protocol/protocol_config.hpp"
+#include "protocol_config.hpp"
 
 namespace ami {
 
@@ -36,6 +37,7 @@ const Union& the_union() {
     Union out;
     out.groups.push_back({"core", core::kParams});
     out.groups.push_back({"protocol", protocol::kParams});
+    out.groups.push_back({"collectives", coll::kParams});
     for (const detail::RegisteredBackend& b : detail::registered_backends())
       if (!b.info.params.empty()) out.groups.push_back({b.info.name, b.info.params});
     for (const ParamGroup& g : out.groups)

@@ -11,7 +11,7 @@
 #include "ami/device/device.hpp"
 #include "backend_set.hpp"
 #include "connection_watch.hpp"
-#include "protocol/eager/am_engine.hpp"
+#include "eager/am_engine.hpp"
 #include "registration_cache.hpp"
 
 namespace ami::detail {

@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "ami/device/region_table.hpp"
-#include "byte_io.hpp"
+#include "ami/device/byte_io.hpp"
 #include "fork_guard.hpp"
 
 namespace ami {

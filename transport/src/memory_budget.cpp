@@ -14,8 +14,8 @@
 #include "ami/error.hpp"
 #include "backend_set.hpp"
 #include "core_config.hpp"
-#include "protocol/eager/request_pool.hpp"
-#include "protocol/protocol_config.hpp"
+#include "eager/request_pool.hpp"
+#include "protocol_config.hpp"
 
 namespace ami {
 
@@ -45,7 +45,7 @@ std::string bytes_text(std::uint64_t bytes) {
 }
 
 // A request, and the engine's record of a stopped message, of which it
-// keeps AMI_MAX_REQUESTS each (protocol/eager/am_engine.hpp), each with a
+// keeps AMI_MAX_REQUESTS each (protocol/am/eager/am_engine.hpp), each with a
 // free-list index. The record is private to the engine and smaller than a
 // request: counted as one.
 constexpr std::uint64_t kRequestBytes = 2 * (sizeof(protocol::Request) + sizeof(std::uint32_t));

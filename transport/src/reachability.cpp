@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "ami/error.hpp"
-#include "byte_io.hpp"
+#include "ami/device/byte_io.hpp"
 
 namespace ami::detail {
 

@@ -1,4 +1,4 @@
-// protocol/ack/ack_dispatcher.hpp — batched, coalesced acknowledgements
+// protocol/am/ack/ack_dispatcher.hpp — batched, coalesced acknowledgements
 // (docs/DESIGN.md, method 4), for one context.
 //
 // A message that wants an answer (a remote-done, a rendezvous the sender

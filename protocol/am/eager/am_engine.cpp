@@ -1,6 +1,6 @@
-// protocol/eager/am_engine.cpp — setup, the send side and the work queue.
-#include "protocol/eager/am_engine.hpp"
-#include "protocol/eager/packet_build.hpp"
+// protocol/am/eager/am_engine.cpp — setup, the send side and the work queue.
+#include "am_engine.hpp"
+#include "packet_build.hpp"
 
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-// protocol/eager/am_engine.hpp — active messages, PUT and GET over the device
+// protocol/am/eager/am_engine.hpp — active messages, PUT and GET over the device
 // contract, for one context; with the receiver-stopped rendezvous (DESIGN.md,
 // method 2) for messages longer than one packet.
 //
@@ -52,12 +52,12 @@
 #include "ami/dispatch.hpp"
 #include "ami/params.hpp"
 #include "ami/stats.hpp"
-#include "protocol/ack/ack_dispatcher.hpp"
-#include "protocol/eager/packet_build.hpp"
-#include "protocol/eager/request_pool.hpp"
-#include "protocol/protocol_config.hpp"
-#include "protocol/rndv/policy.hpp"
-#include "protocol/wire/packet.hpp"
+#include "ack/ack_dispatcher.hpp"
+#include "packet_build.hpp"
+#include "protocol_config.hpp"
+#include "request_pool.hpp"
+#include "rndv/policy.hpp"
+#include "wire/packet.hpp"
 
 namespace ami::protocol {
 

@@ -1,4 +1,4 @@
-// protocol/eager/am_failure.cpp — a failed peer, and the keepalives that
+// protocol/am/eager/am_failure.cpp — a failed peer, and the keepalives that
 // find one that died quietly.
 //
 // A device reports a lane it lost for good (the peer's process exited, its
@@ -29,7 +29,7 @@
 // probes in a round: the other hears the probe.
 
 #include "ami/device/coarse_clock.hpp"
-#include "protocol/eager/am_engine.hpp"
+#include "am_engine.hpp"
 
 namespace ami::protocol {
 

@@ -1,4 +1,4 @@
-// protocol/eager/am_fence.cpp — the deterministic fence (DESIGN.md, method 3).
+// protocol/am/eager/am_fence.cpp — the deterministic fence (DESIGN.md, method 3).
 //
 // A fence is a request in the peer's work queue, so it goes out behind every
 // operation posted to that peer before it. On a lane that delivers in order
@@ -10,8 +10,8 @@
 // flushed instead: the fence completes once its transfer counter passed
 // everything injected before it. No count of outstanding operations per
 // peer is kept either way.
-#include "protocol/eager/am_engine.hpp"
-#include "protocol/eager/packet_build.hpp"
+#include "am_engine.hpp"
+#include "packet_build.hpp"
 
 namespace ami::protocol {
 

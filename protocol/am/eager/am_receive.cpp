@@ -1,8 +1,8 @@
-// protocol/eager/am_receive.cpp — the receive side: validating arrivals,
+// protocol/am/eager/am_receive.cpp — the receive side: validating arrivals,
 // dispatching, eager reassembly, acks; and the advance loop.
 #include <cstring>
 
-#include "protocol/eager/am_engine.hpp"
+#include "am_engine.hpp"
 
 namespace ami::protocol {
 

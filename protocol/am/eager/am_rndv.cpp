@@ -1,9 +1,9 @@
-// protocol/eager/am_rndv.cpp — the rendezvous: the receiver's stop and its
+// protocol/am/eager/am_rndv.cpp — the rendezvous: the receiver's stop and its
 // GETs, the sender's answer (cts, or PUT and fin), and the records of
 // stopped messages. See am_engine.hpp for the sequence.
 #include <algorithm>
 
-#include "protocol/eager/am_engine.hpp"
+#include "am_engine.hpp"
 
 namespace ami::protocol {
 

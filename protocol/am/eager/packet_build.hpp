@@ -1,4 +1,4 @@
-// protocol/eager/packet_build.hpp — filling an injection FIFO slot with a
+// protocol/am/eager/packet_build.hpp — filling an injection FIFO slot with a
 // packet: the fixed header, the user header, and the payload inline when it
 // fits or referenced (with its registration's key, when it has one).
 #pragma once
@@ -8,7 +8,7 @@
 
 #include "ami/device/descriptor.hpp"
 #include "ami/device/registrar.hpp"
-#include "protocol/wire/packet.hpp"
+#include "wire/packet.hpp"
 
 namespace ami::protocol {
 

@@ -1,4 +1,4 @@
-// protocol/eager/request_pool.hpp — the fixed pool of requests for
+// protocol/am/eager/request_pool.hpp — the fixed pool of requests for
 // instructions that cannot finish inside the call that posted them.
 //
 // Sized once at setup (AMI_MAX_REQUESTS): the data path never allocates. A
@@ -15,7 +15,7 @@
 #include "ami/callback.hpp"
 #include "ami/device/descriptor.hpp"
 #include "ami/device/registrar.hpp"
-#include "protocol/wire/packet.hpp"
+#include "wire/packet.hpp"
 
 namespace ami::protocol {
 

@@ -1,5 +1,5 @@
-// protocol/rndv/policy.cpp — the receiver's stop policy; see policy.hpp.
-#include "protocol/rndv/policy.hpp"
+// protocol/am/rndv/policy.cpp — the receiver's stop policy; see policy.hpp.
+#include "policy.hpp"
 
 namespace ami::protocol::rndv {
 

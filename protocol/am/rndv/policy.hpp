@@ -1,4 +1,4 @@
-// protocol/rndv/policy.hpp — when a receiver stops an eager message, and how
+// protocol/am/rndv/policy.hpp — when a receiver stops an eager message, and how
 // the rest of it travels (DESIGN.md, method 2).
 //
 // The sender of a message longer than one packet always starts eagerly and
@@ -45,7 +45,7 @@
 
 #include <cstdint>
 
-#include "protocol/wire/packet.hpp"
+#include "wire/packet.hpp"
 
 namespace ami::protocol::rndv {
 

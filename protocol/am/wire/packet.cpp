@@ -1,4 +1,4 @@
-// protocol/wire/packet.cpp — encoding and validating packet headers.
+// protocol/am/wire/packet.cpp — encoding and validating packet headers.
 #include "packet.hpp"
 
 #include <cstring>

@@ -1,4 +1,4 @@
-// protocol/wire/packet.hpp — the fixed, versioned header every ami packet
+// protocol/am/wire/packet.hpp — the fixed, versioned header every ami packet
 // starts with, and the decoder that validates it.
 //
 // Layout of a packet: PacketHeader (40 bytes, little-endian), then

@@ -10,7 +10,7 @@
 // call: copy what you keep.
 //
 // A message longer than one packet starts eagerly and its receiver may stop
-// it (docs/DESIGN.md, method 2; protocol/rndv/policy.hpp says when): the rest
+// it (docs/DESIGN.md, method 2; protocol/am/rndv/policy.hpp says when): the rest
 // then comes by RDMA GET or PUT, and done runs once every byte is in place
 // either way.
 #pragma once

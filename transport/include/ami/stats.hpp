@@ -32,7 +32,7 @@ struct ContextStats {
   std::uint64_t rndv_unregistered = 0;  // sent eagerly only: the buffer could not be registered
   std::uint64_t rndv_stopped = 0;       // of rndv_sent, stopped by their receiver
   std::uint64_t rndv_put_bytes = 0;     // moved by stop_put
-  // Receiver side: every decision of the stop policy (protocol/rndv/policy.hpp)
+  // Receiver side: every decision of the stop policy (protocol/am/rndv/policy.hpp)
   // and the inputs that made it stop.
   std::uint64_t rndv_decisions = 0;
   static constexpr std::size_t kStopReasons = 5;  // no_buffer, zero_copy, reception_low, large, deferred

@@ -1,12 +1,12 @@
-// protocol/protocol_config.hpp — the protocol's tunables (config_table.hpp):
-// requests, the rendezvous, acknowledgements and keepalives, collectives.
+// protocol/am/protocol_config.hpp — the protocol's tunables (config_table.hpp):
+// requests, the rendezvous, acknowledgements and keepalives.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 
 #include "ami/config.hpp"
-#include "protocol/rndv/policy.hpp"
+#include "rndv/policy.hpp"
 
 namespace ami::protocol {
 
@@ -35,13 +35,6 @@ inline constexpr ParamSpec kParams[] = {
      "Milliseconds between keepalives to a peer this context waits on (for an answer, or the rest "
      "of a message) that sent nothing meanwhile; a lane that cannot deliver one fails the peer. "
      "0: none."},
-    {"AMI_COLL_EAGER_MAX", "8192", ParamType::unsigned_int, 0, 1u << 30,
-     "Bytes up to which a collective's message that comes before its call waits in an early-arrival "
-     "buffer, and a contribution to a reduction is combined piece by piece as its packets arrive; a "
-     "larger one waits at its sender and comes by the rendezvous straight into place. At most 1 GiB."},
-    {"AMI_COLL_RING_MIN", "65536", ParamType::unsigned_int, 0, 1ull << 40,
-     "Bytes from which allreduce runs as a ring (reduce-scatter, then allgather, each block straight "
-     "into the receive buffer) rather than by recursive doubling; the same on every task."},
 };
 static_assert(rows_are_sound(kParams), "protocol_config.hpp: a row has a bad name, range or default");
 
@@ -57,8 +50,6 @@ struct Options {
   unsigned ack_idle_threshold = Param("AMI_ACK_IDLE_THRESHOLD").default_as<unsigned>();
   unsigned ack_max_unacked = Param("AMI_ACK_MAX_UNACKED").default_as<unsigned>();
   unsigned keepalive_ms = Param("AMI_KEEPALIVE_INTERVAL").default_as<unsigned>();  // 0: none
-  std::uint64_t coll_eager_max = Param("AMI_COLL_EAGER_MAX").default_as();
-  std::uint64_t coll_ring_min = Param("AMI_COLL_RING_MIN").default_as();
 
   static Options from(const Config& c) {
     auto u32 = [&c](Param p) { return static_cast<std::uint32_t>(c.number(p)); };
@@ -70,8 +61,6 @@ struct Options {
     o.ack_idle_threshold = u32("AMI_ACK_IDLE_THRESHOLD");
     o.ack_max_unacked = u32("AMI_ACK_MAX_UNACKED");
     o.keepalive_ms = u32("AMI_KEEPALIVE_INTERVAL");
-    o.coll_eager_max = c.number(Param("AMI_COLL_EAGER_MAX"));
-    o.coll_ring_min = c.number(Param("AMI_COLL_RING_MIN"));
     return o;
   }
   bool operator==(const Options&) const = default;
