@@ -4,14 +4,16 @@
 //
 // The rows themselves live with the code that uses them: each component
 // declares its own constexpr table next to its code (the core's in
-// transport/src/core_config.hpp, the protocol's in protocol/protocol_config.hpp,
-// each backend's in its folder, given to the registry by its BackendInfo).
+// transport/src/core_config.hpp, the protocol's in
+// protocol/am/protocol_config.hpp, the collectives' in
+// ami/collectives_config.hpp, each backend's in its folder, given to the
+// registry by its BackendInfo).
 // The Config holds the union (config.hpp); ami_info -c prints it.
 //
 // A component names its parameters through its own table, as ParamIn<its
 // table>: a string literal is checked against those rows while compiling,
 // so Param("AMI_FIFO_DEPHT") does not build, nor a name another component
-// owns (tests/unit/compile_fail_config_name.cpp proves it). A component
+// owns (tests/core/compile_fail_config_name.cpp proves it). A component
 // that needs another's setting is given the typed value instead.
 #pragma once
 
