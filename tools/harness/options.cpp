@@ -8,11 +8,25 @@
 #include <cstring>
 #include <string_view>
 
+#include "ami/client.hpp"
 #include "harness.hpp"
 
 namespace ami::tools {
 
 namespace {
+
+// The backends this build has (the registry's): "self, shm or verbs".
+bool known_backend(std::string_view name) {
+  const std::vector<std::string_view> names = ami::backend_names();
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+std::string backend_list() {
+  const std::vector<std::string_view> names = ami::backend_names();
+  std::string out;
+  for (std::size_t i = 0; i < names.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + std::string(names[i]);
+  return out;
+}
 
 // perftest's sizes: -a sweeps 2 B..2^23 B (8 MiB) in powers of two, and
 // without -s or -a the bandwidth tests move 65536 bytes (DEF_SIZE_BW) and
@@ -182,8 +196,8 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
       case kBackend:
         o.backend = optarg;
         backend_given = true;
-        if (o.backend != "shm" && o.backend != "self" && o.backend != "verbs") {
-          std::fprintf(stderr, "error: --backend must be shm, self or verbs, not '%s'\n", optarg);
+        if (!known_backend(o.backend)) {
+          std::fprintf(stderr, "error: --backend must be %s, not '%s'\n", backend_list().c_str(), optarg);
           return false;
         }
         break;

@@ -200,6 +200,12 @@ std::string make_job_key() {
   return key;
 }
 
+std::vector<std::string_view> backend_names() {
+  std::vector<std::string_view> out;
+  for (const detail::RegisteredBackend& b : detail::registered_backends()) out.push_back(b.info.name);
+  return out;
+}
+
 std::string describe_hardware() {
   std::string out;
   for (const detail::RegisteredBackend& b : detail::registered_backends())

@@ -1,5 +1,5 @@
 // protocol/am/eager/am_engine.hpp — active messages, PUT and GET over the device
-// contract, for one context; with the receiver-stopped rendezvous (DESIGN.md,
+// contract, for one context; with the receiver-stopped rendezvous (docs/DESIGN.md,
 // method 2) for messages longer than one packet.
 //
 // The engine owns the per-peer state (lane, work queue of requests, control

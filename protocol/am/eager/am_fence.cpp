@@ -1,4 +1,4 @@
-// protocol/am/eager/am_fence.cpp — the deterministic fence (DESIGN.md, method 3).
+// protocol/am/eager/am_fence.cpp — the deterministic fence (docs/DESIGN.md, method 3).
 //
 // A fence is a request in the peer's work queue, so it goes out behind every
 // operation posted to that peer before it. On a lane that delivers in order

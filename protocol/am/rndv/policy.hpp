@@ -1,5 +1,5 @@
 // protocol/am/rndv/policy.hpp — when a receiver stops an eager message, and how
-// the rest of it travels (DESIGN.md, method 2).
+// the rest of it travels (docs/DESIGN.md, method 2).
 //
 // The sender of a message longer than one packet always starts eagerly and
 // never decides anything; its receiver runs decide() when the first packet

@@ -56,6 +56,10 @@ std::string make_job_key();
 // it makes one.
 std::string describe_hardware();
 
+// The backends of this build, in the registry's order ("self", "shm",
+// "verbs"): what AMI_BACKENDS may name.
+std::vector<std::string_view> backend_names();
+
 struct ClientOptions {
   std::string name = "ami";
   std::uint16_t contexts = 1;
