@@ -20,9 +20,10 @@
 #
 # Server on core 0, client on core 1 (ami's --local pins them so; UCX by
 # taskset). A round runs every size, and at each size every system one
-# after the other; ROUNDS rounds. Figures are medians over the rounds;
-# ratios are medians of each round's ratio (its runs lie seconds apart, so
-# load that comes and goes touches both sides of a ratio alike).
+# after the other (the modes in an order each round rotates); ROUNDS
+# rounds. Figures are medians over the rounds; ratios are medians of each
+# round's ratio (its runs lie seconds apart, so load that comes and goes
+# touches both sides of a ratio alike).
 # Bandwidth: MiB/s, average (ami's "BW average", UCX's "overall").
 # Latency: usec, one way (ami's t_typical, UCX's 50%ile, perftest's t_typical).
 #
@@ -91,6 +92,9 @@ readonly UCX_PEERS=(
 unset AMI_RNDV_MODE AMI_RNDV_CROSSOVER AMI_RNDV_LOW_WATER
 
 mode_names() { local m; for m in "${MODES[@]}"; do echo "${m%% *}"; done; }
+# The modes in the order round R runs them: rotated by R, so that no mode
+# always runs first after a size change (or after the peers).
+round_modes() { mode_names | awk -v r="$1" '{m[NR - 1] = $0} END {for (i = 0; i < NR; i++) print m[(i + r) % NR]}'; }
 mode_env() {
   local m
   for m in "${MODES[@]}"; do
@@ -179,7 +183,7 @@ shm_round() {
   local r=$1 size mode name spec li bi
   for size in $SIZES; do
     li=$(lat_iters "$size") bi=$(bw_iters "$size")
-    for mode in $(mode_names); do
+    for mode in $(round_modes "$r"); do
       ((size > TOOL_MAX)) && continue
       add bw "$mode" "$size" "$r" "$(ami ami_send_bw "$mode" "$size" "$bi" | ami_figure bw)"
       add lat "$mode" "$size" "$r" "$(ami ami_send_lat "$mode" "$size" "$li" | ami_figure lat)"
@@ -213,7 +217,7 @@ rxe_round() {
   local r=$1 size mode li bi dev=(-d "$DEVICE" -x "$RXE_GID_INDEX")
   for size in $SIZES; do
     li=$(lat_iters "$size") bi=$(bw_iters "$size")
-    for mode in $(mode_names); do
+    for mode in $(round_modes "$r"); do
       ((size > TOOL_MAX)) && continue
       add bw "$mode" "$size" "$r" "$(AMI_VERBS_CM=off ami ami_send_bw "$mode" "$size" "$bi" "${dev[@]}" | ami_figure bw)"
       add lat "$mode" "$size" "$r" "$(AMI_VERBS_CM=off ami ami_send_lat "$mode" "$size" "$li" "${dev[@]}" | ami_figure lat)"
