@@ -68,11 +68,10 @@ ShmDevice::Step ShmDevice::send_packet(ShmLane& lane, const device::PacketDescri
 }
 
 ShmDevice::Step ShmDevice::execute(ShmLane& lane, std::uint64_t n) {
-  return device::visit(lane.fifo().at(n), device::Cases{
-      .packet = [&](const device::PacketDescriptor& p) { return send_packet(lane, p); },
-      .put = [&](const device::RdmaDescriptor&) { return rdma(lane, n, true); },
-      .get = [&](const device::RdmaDescriptor&) { return rdma(lane, n, false); },
-  });
+  return device::visit(lane.fifo().at(n), device::cases(
+      /*packet*/ [&](const device::PacketDescriptor& p) { return send_packet(lane, p); },
+      /*put*/ [&](const device::RdmaDescriptor&) { return rdma(lane, n, true); },
+      /*get*/ [&](const device::RdmaDescriptor&) { return rdma(lane, n, false); }));
 }
 
 // PUT and GET go the same way: into a mapped region, by CMA, or through

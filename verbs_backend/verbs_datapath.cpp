@@ -159,11 +159,10 @@ std::byte* VerbsLane::stage(std::uint32_t bytes) {
     signal = get;
     return Made::wr;
   };
-  const Made made = device::visit(d, device::Cases{
-      .packet = packet,
-      .put = [&](const device::RdmaDescriptor& x) { return rdma(x, false); },
-      .get = [&](const device::RdmaDescriptor& x) { return rdma(x, true); },
-  });
+  const Made made = device::visit(d, device::cases(
+      /*packet*/ packet,
+      /*put*/ [&](const device::RdmaDescriptor& x) { return rdma(x, false); },
+      /*get*/ [&](const device::RdmaDescriptor& x) { return rdma(x, true); }));
   if (made != Made::wr) return made == Made::refused;
   choose_signal(lane, n, wr, signal);
   return true;

@@ -58,11 +58,10 @@ device::Lane* SelfDevice::lane(Endpoint peer) {
 // Carries out descriptor n; false when the target queue is full and the
 // lane must stall (the descriptor stays in the FIFO).
 bool SelfDevice::execute(SelfLane& lane, std::uint64_t n) {
-  return device::visit(lane.fifo().at(n), device::Cases{
-      .packet = [&](const device::PacketDescriptor& p) { return deliver(lane, p); },
-      .put = [&](const device::RdmaDescriptor& x) { return rdma(lane, n, x, true); },
-      .get = [&](const device::RdmaDescriptor& x) { return rdma(lane, n, x, false); },
-  });
+  return device::visit(lane.fifo().at(n), device::cases(
+      /*packet*/ [&](const device::PacketDescriptor& p) { return deliver(lane, p); },
+      /*put*/ [&](const device::RdmaDescriptor& x) { return rdma(lane, n, x, true); },
+      /*get*/ [&](const device::RdmaDescriptor& x) { return rdma(lane, n, x, false); }));
 }
 
 bool SelfDevice::deliver(SelfLane& lane, const device::PacketDescriptor& p) {

@@ -67,6 +67,9 @@ template <class... F>
 struct Overloaded : F... {
   using F::operator()...;
 };
+// (Spelt out for compilers without C++20's deduction for aggregates.)
+template <class... F>
+Overloaded(F...) -> Overloaded<F...>;
 
 class AmEngine final : public device::PacketSink {
  public:

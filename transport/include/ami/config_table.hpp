@@ -176,7 +176,9 @@ class ParamIn {
   }
 
  private:
-  consteval std::uint64_t parsed_default() const {
+  // (constexpr, not consteval: only consteval members call it, and clang 14
+  // refuses a consteval call on this inside them.)
+  constexpr std::uint64_t parsed_default() const {
     std::uint64_t v = 0;
     detail::parse_param(spec(), spec().default_value, v);
     return v;

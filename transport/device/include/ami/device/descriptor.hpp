@@ -81,12 +81,19 @@ template <class V>
 }
 
 // A visitor made of one callable per kind, for a device that handles each
-// in place: visit(d, Cases{.packet = ..., .put = ..., .get = ...}).
+// in place: visit(d, cases(packet, put, get)), each a callable taking that
+// kind's descriptor.
 template <class Packet, class Put, class Get>
 struct Cases {
   Packet packet;
   Put put;
   Get get;
 };
+// (A function rather than deduction from Cases{.packet = ...}: compilers
+// without C++20's deduction for aggregates, clang before 17, refuse that.)
+template <class Packet, class Put, class Get>
+Cases<Packet, Put, Get> cases(Packet packet, Put put, Get get) {
+  return {packet, put, get};
+}
 
 }  // namespace ami::device
