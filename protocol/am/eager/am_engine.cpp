@@ -150,10 +150,8 @@ Status AmEngine::send(const SendParams& p) {
     // Fast path: no request at all; the user's callback is listed directly.
     if (device::Descriptor* d = lane->fifo().try_reserve()) {
       const auto n = static_cast<std::uint32_t>(p.payload.size());
-      device::Registration key;
       const bool keyed = inside(p.memory, p.payload.data(), p.payload.size());
-      if (keyed) key.local_keys = p.memory->local_keys();
-      build_short(*d, p.dispatch, p.header, p.payload, keyed ? &key : nullptr);
+      build_short(*d, p.dispatch, p.header, p.payload, keyed ? &p.memory->local_keys() : nullptr);
       lane->fifo().commit(p.local_done);
       ring(*lane);
       ++stats_.messages_sent;
@@ -308,7 +306,7 @@ bool AmEngine::inject_send(Peer& peer, Request& r) {
     const auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>(room, r.total - r.sent));
     if (r.started) {
       build_packet(*d, wire::make_header(wire::PacketType::am_more, r.dispatch, r.id(), r.total, r.sent, n, 0, 0),
-                   {}, {r.payload + r.sent, n}, r.rndv ? &r.registration : nullptr);
+                   {}, {r.payload + r.sent, n}, r.rndv ? &r.registration.local_keys : nullptr);
     } else {
       const std::uint64_t seq = (r.flags & wire::kWantsAnswer) ? expect_answer(peer, r) : 0;
       const wire::PacketHeader h = wire::make_header(wire::PacketType::am_first, r.dispatch, r.id(), r.total,
@@ -319,7 +317,7 @@ bool AmEngine::inject_send(Peer& peer, Request& r) {
             d->packet.inline_data + k, peer.device->key_id());
         k += info;
       }
-      finish_packet(*d, k, {r.payload, n}, r.rndv ? &r.registration : nullptr);
+      finish_packet(*d, k, {r.payload, n}, r.rndv ? &r.registration.local_keys : nullptr);
       r.eager_mark = lane.fifo().injected();
       r.paced = r.rndv && r.total - n > shape_.options.rndv_crossover.value_or(lane.rdma_crossover());
     }

@@ -7,7 +7,6 @@
 #include <span>
 
 #include "ami/device/descriptor.hpp"
-#include "ami/device/registrar.hpp"
 #include "wire/packet.hpp"
 
 namespace ami::protocol {
@@ -34,14 +33,14 @@ inline void copy_bytes(std::byte* to, const std::byte* from, std::size_t n) {
 // Completes d as a packet whose n header bytes are already inline: the
 // payload goes inline too when it fits (so the caller's buffer is free at
 // once), and is referenced otherwise.
-// key: the payload's registration, when it has one.
+// keys: the local keys of the payload's registration, when it has one.
 inline void finish_packet(device::Descriptor& d, std::size_t n, std::span<const std::byte> payload,
-                   const device::Registration* key = nullptr) {
+                          const LocalKeys* keys = nullptr) {
   d.kind = device::DescriptorKind::packet;
   device::PacketDescriptor& p = d.packet;
   p.compact_prefix = 0;
-  p.payload_keyed = key != nullptr;
-  if (key != nullptr) p.payload_keys = key->local_keys;
+  p.payload_keyed = keys != nullptr;
+  if (keys != nullptr) p.payload_keys = *keys;
   if (n + payload.size() <= device::kPacketInlineBytes) {
     copy_bytes(p.inline_data + n, payload.data(), payload.size());
     n += payload.size();
@@ -55,16 +54,16 @@ inline void finish_packet(device::Descriptor& d, std::size_t n, std::span<const 
 }
 
 inline void build_packet(device::Descriptor& d, const wire::PacketHeader& h,
-                  std::span<const std::byte> user_header, std::span<const std::byte> payload,
-                  const device::Registration* key = nullptr) {
-  finish_packet(d, wire::encode(h, user_header, d.packet.inline_data), payload, key);
+                         std::span<const std::byte> user_header, std::span<const std::byte> payload,
+                         const LocalKeys* keys = nullptr) {
+  finish_packet(d, wire::encode(h, user_header, d.packet.inline_data), payload, keys);
 }
 
 // A whole message that wants no answer: the short header.
 inline void build_short(device::Descriptor& d, std::uint16_t dispatch, std::span<const std::byte> user_header,
-                 std::span<const std::byte> payload, const device::Registration* key = nullptr) {
+                        std::span<const std::byte> payload, const LocalKeys* keys = nullptr) {
   const auto n = static_cast<std::uint32_t>(payload.size());
-  finish_packet(d, wire::encode_short(dispatch, n, user_header, d.packet.inline_data), payload, key);
+  finish_packet(d, wire::encode_short(dispatch, n, user_header, d.packet.inline_data), payload, keys);
   d.packet.compact_prefix = wire::kShortHeaderBytes;
   d.packet.immediate = wire::compact_short(dispatch, static_cast<std::uint16_t>(user_header.size()));
 }

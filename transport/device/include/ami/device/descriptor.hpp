@@ -25,14 +25,9 @@ inline constexpr std::size_t kPacketInlineBytes = 320;
 enum class DescriptorKind : std::uint8_t { packet, put, get };
 
 struct PacketDescriptor {
+  // The fields a device reads for every packet come first, in one 16-byte
+  // line with the start of inline_data's cache line.
   std::uint16_t inline_len = 0;
-  const std::byte* payload = nullptr;  // referenced until the slot completes
-  std::uint32_t payload_len = 0;
-  // The payload lies in a registration with these local keys: a device may
-  // send it from there (with payload_keys[its backend id]) instead of
-  // copying it first.
-  bool payload_keyed = false;
-  LocalKeys payload_keys{};
   // The packet's compact form, for a device that carries a 32-bit immediate
   // with a packet (verbs: SEND with immediate): it may leave out the first
   // compact_prefix inline bytes and send `immediate` instead; the receiving
@@ -40,6 +35,13 @@ struct PacketDescriptor {
   // PacketSink::on_compact_packet. 0: the packet has no compact form.
   std::uint16_t compact_prefix = 0;
   std::uint32_t immediate = 0;
+  std::uint32_t payload_len = 0;
+  // The payload lies in a registration with these local keys: a device may
+  // send it from there (with payload_keys[its backend id]) instead of
+  // copying it first. payload_keys is written only when this is true.
+  bool payload_keyed = false;
+  const std::byte* payload = nullptr;  // referenced until the slot completes
+  LocalKeys payload_keys{};
   alignas(8) std::byte inline_data[kPacketInlineBytes];
 };
 
@@ -51,11 +53,23 @@ struct RdmaDescriptor {
   RemoteKey remote{};
 };
 
+// One slot holds one kind, so the kinds share its bytes: a slot is as large
+// as a packet, not as a packet and a PUT together, and a FIFO of them stays
+// small in cache. Only `kind`'s member is meaningful; the protocol sets kind
+// and writes that member's fields (each kind is plain data, written by
+// assignment), and a device reads it only through visit().
 struct Descriptor {
+  Descriptor() : packet() {}
+
   DescriptorKind kind = DescriptorKind::packet;
-  PacketDescriptor packet;
-  RdmaDescriptor rdma;
+  union {
+    PacketDescriptor packet;
+    RdmaDescriptor rdma;
+  };
 };
+static_assert(std::is_trivially_copyable_v<PacketDescriptor> && std::is_trivially_copyable_v<RdmaDescriptor>
+              && std::is_trivially_destructible_v<Descriptor>,
+              "a slot's kinds are plain data that share its bytes");
 
 // What handles every kind of descriptor: one member per kind.
 template <class V>
