@@ -214,14 +214,16 @@ report() {
   row "AM bandwidth 1 MiB [MiB/s]" ami_bw1m  ucx_bw1m  ucx_perftest "(reference)"
   row "PUT bandwidth 1 MiB [MiB/s]" ami_put1m ucx_put1m ucx_perftest ">= 0.95"
   row "GET bandwidth 1 MiB [MiB/s]" ami_get1m ucx_get1m ucx_perftest ">= 0.95"
-  [[ -n ${SIZES// /} ]] || return 0
-  echo
-  echo "# latency by size [usec]: ami_send_lat t_typical, ucx_perftest ucp_am_lat 50%ile, fi_pingpong usec/xfer"
-  sweep_table "$OUT_DIR/shm_peers_lat.dat" lat_ami:ami_AM lat_ucx:UCX_AM lat_fi:libfabric_shm
-  echo
-  echo "# bandwidth by size [MiB/s]: ami_*_bw average, ucx_perftest overall"
-  sweep_table "$OUT_DIR/shm_peers_bw.dat" bw_ami:ami_AM bw_ucx:UCX_AM put_ami:ami_PUT put_ucx:UCX_PUT \
-    get_ami:ami_GET get_ucx:UCX_GET
+  if [[ -n ${SIZES// /} ]]; then
+    echo
+    echo "# latency by size [usec]: ami_send_lat t_typical, ucx_perftest ucp_am_lat 50%ile, fi_pingpong usec/xfer"
+    sweep_table "$OUT_DIR/shm_peers_lat.dat" lat_ami:ami_AM lat_ucx:UCX_AM lat_fi:libfabric_shm
+    echo
+    echo "# bandwidth by size [MiB/s]: ami_*_bw average, ucx_perftest overall"
+    sweep_table "$OUT_DIR/shm_peers_bw.dat" bw_ami:ami_AM bw_ucx:UCX_AM put_ami:ami_PUT put_ucx:UCX_PUT \
+      get_ami:ami_GET get_ucx:UCX_GET
+  fi
+  # (also without the sweep: the headline figures are compared)
   if [[ -n $BASELINE ]]; then
     echo
     baseline_table

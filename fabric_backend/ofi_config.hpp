@@ -1,0 +1,43 @@
+// fabric_backend/ofi_config.hpp — the libfabric backend's tunables
+// (config_table.hpp): which provider, the packet size, the multi-receive
+// buffers. OfiOptions (ofi_fabric.hpp) takes its defaults from these rows.
+#pragma once
+
+#include "ami/config.hpp"
+
+namespace ami::ofi {
+
+inline constexpr ParamSpec kParams[] = {
+    {"AMI_OFI_PROVIDER", "", ParamType::text, 0, 64,
+     "libfabric provider for the ofi backend, as fi_info names it (tcp;ofi_rxm, shm, verbs;ofi_rxm, "
+     "efa, ...); empty: the first that meets ami's needs, preferring one that leaves the host (not shm, "
+     "nor the deprecated sockets and udp;ofi_rxd)."},
+    // At least 1 KiB: a packet holds a descriptor's inline bytes (320) and the backend's header.
+    {"AMI_OFI_PACKET_SIZE", "8192", ParamType::power_of_two, 1024, 1u << 20,
+     "Largest packet over libfabric, in bytes (a power of two from 1 KiB to 1 MiB; at most the "
+     "provider's largest message): larger messages go in several, or by the rendezvous."},
+    {"AMI_OFI_RECV_BUFFERS", "4", ParamType::unsigned_int, 2, 1024,
+     "Multi-receive buffers each context keeps posted (FI_MULTI_RECV); one is re-posted as soon as the "
+     "provider has filled it and its packets are handled."},
+    {"AMI_OFI_RECV_BUFFER_SIZE", "1048576", ParamType::power_of_two, 65536, 1u << 30,
+     "Bytes per multi-receive buffer (a power of two, 64 KiB to 1 GiB; at least 8 packets)."},
+    {"AMI_OFI_MR_LOCAL", "auto", ParamType::boolean, 0, 1,
+     "Send only from registered memory (FI_MR_LOCAL): auto when the provider asks for it, on to do so "
+     "anyway (packets are then copied into a registered staging pool).", true},
+    {"AMI_OFI_ORDERED", "auto", ParamType::boolean, 0, 1,
+     "Take the provider's message order as it says (auto), or treat every lane as unordered (off): a "
+     "fence then waits for every earlier operation (a flush) and a PUT completes only once placed.", true},
+    {"AMI_OFI_STAGING", "256", ParamType::power_of_two, 8, 65536,
+     "Packets of the staging pool per context, used under FI_MR_LOCAL (a power of two)."},
+    {"AMI_OFI_TIMEOUT", "30000", ParamType::unsigned_int, 10, 3600000,
+     "Milliseconds a lane may have operations outstanding without one completing before its oldest "
+     "fails with a timeout and the lane breaks: for a provider that drops an operation without an "
+     "error (shm in libfabric 1.17 does, for a PUT or GET with a key its target refuses)."},
+    {"AMI_OFI_CQ_SIZE", "16384", ParamType::unsigned_int, 64, 1u << 22,
+     "Entries of each context's completion queue."},
+};
+static_assert(rows_are_sound(kParams), "ofi_config.hpp: a row has a bad name, range or default");
+
+using Param = ParamIn<kParams>;
+
+}  // namespace ami::ofi

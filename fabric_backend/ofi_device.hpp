@@ -1,0 +1,204 @@
+// fabric_backend/ofi_device.hpp — one context's share of the libfabric
+// backend: a Lane per peer context (an fi_addr_t of the context's AV), the
+// context's endpoint, CQ, counter and multi-receive buffers.
+//
+// The lane's injection FIFO slots are the operations' contexts: slot n's
+// descriptor becomes one fi_sendmsg (a packet), fi_writemsg (a PUT) or
+// fi_readmsg (a GET), whose op_context is the slot's OpContext (a
+// fi_context2 for the provider, then the lane and n).
+//
+// Completion is selective (docs/DESIGN.md, method 1): an operation asks for
+// a CQ entry (FI_COMPLETION) only when a callback waits for it or a buffer
+// is held until it completes — every PUT and GET, every packet larger than
+// the provider's inject size. The rest are injected, done when the call
+// returns, and only counted by the endpoint's fi_cntr. The provider
+// completes out of order, so the lane keeps a reorder window: a slot is
+// marked done when its entry comes, and the transfer counter moves over the
+// run of done slots at its front, so it stays per lane and in order.
+//
+// Packets carry the backend's header (ofi_wire.hpp): the receiver puts each
+// origin's packets back in the order sent where the provider completes
+// receives out of order. Receives land in FI_MULTI_RECV buffers, each
+// re-posted once the provider released it (FI_MULTI_RECV in an entry).
+//
+// -FI_EAGAIN (rxm connecting, a full queue) leaves the descriptor in the
+// FIFO, and progress() posts it again. A CQ error entry breaks its lane:
+// its FIFO fails and the sink hears on_lane_failed, as on verbs.
+//
+// No allocation, system call (beyond the provider's) or lock per message.
+// Not thread-safe: the context's advancing thread drives it.
+#pragma once
+
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_rma.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ami/device/device.hpp"
+#include "ofi_fabric.hpp"
+#include "ofi_wire.hpp"
+
+namespace ami::ofi {
+
+class OfiLane;
+
+// An operation's context. fi first: under FI_CONTEXT the provider owns it
+// while the operation is in flight.
+struct OpContext {
+  fi_context2 fi{};
+  OfiLane* lane = nullptr;  // nullptr: a receive buffer
+  std::uint64_t n = 0;      // the slot's injection number, or the receive buffer's index
+};
+
+class OfiDevice;
+
+class OfiLane final : public device::Lane {
+ public:
+  OfiLane(OfiDevice& device, Endpoint peer, fi_addr_t address, std::uint32_t fifo_depth);
+
+  std::size_t max_packet() const override;
+  bool ordered() const override;
+  std::uint64_t max_rdma() const override;
+  // Posts every committed descriptor it can; never runs callbacks.
+  void ring() override;
+
+  bool broken() const { return broken_; }
+  std::uint64_t posted() const { return posted_; }
+
+ private:
+  friend class OfiDevice;
+
+  OfiDevice& device_;
+  fi_addr_t address_;
+  std::unique_ptr<OpContext[]> ops_;              // per slot
+  std::unique_ptr<std::uint8_t[]> done_;          // per slot: its operation completed
+  std::unique_ptr<std::int32_t[]> staging_;       // per slot: the staging packet it holds, or -1
+  std::unique_ptr<PacketHeader[]> headers_;       // per slot: a packet's header is sent from here
+  std::unique_ptr<Status[]> refused_status_;      // per slot: why the device refused it
+  std::vector<std::uint64_t> refused_;            // slots to fail in their turn, oldest first
+  std::uint64_t posted_ = 0;   // descriptors below this went to the provider (or were refused)
+  std::uint64_t retired_ = 0;  // the transfer counter: every slot below is done
+  std::uint16_t seq_ = 0;      // the next packet's sequence number
+  std::uint64_t stall_mark_ = 0;    // retired_ when the stall watch last looked
+  std::int64_t stall_since_ = 0;    // since when retired_ has stayed there with operations outstanding
+  bool broken_ = false;
+  bool reported_ = false;  // the sink has heard it broke
+  Status failure_;
+};
+
+class OfiDevice final : public device::Device {
+ public:
+  // fifo_depth: a power of two. Throws ami::Error.
+  OfiDevice(OfiFabric& fabric, std::uint16_t context, std::uint32_t fifo_depth);
+  // Waits a moment for what is in flight (the endpoint's counter), then
+  // closes the endpoint before the lanes whose slots the provider held.
+  ~OfiDevice() override;
+
+  std::string_view name() const override { return "ofi"; }
+  std::uint8_t key_id() const override { return key_id_; }
+  bool can_reach(Endpoint peer) const override;
+  device::Lane* lane(Endpoint peer) override;
+  bool abandon(Endpoint peer, Status why) override;
+  std::size_t progress(device::PacketSink& sink, std::size_t budget) override;
+  // How far behind the context is: the packets this progress() has taken
+  // so far, against kBacklogFull (the provider holds what ami has not
+  // read yet, so the backlog is the pressure ami can see), or the
+  // multi-receive buffers not posted again, whichever is higher.
+  unsigned reception_load() const override;
+  static constexpr std::size_t kBacklogFull = 32;
+
+  struct Counters {
+    std::uint64_t packets_sent = 0;
+    std::uint64_t compact_sent = 0;     // with the short header in the CQ data
+    std::uint64_t injected = 0;         // done at the call: no CQ entry asked for
+    std::uint64_t rdma_posted = 0;      // PUTs and GETs
+    std::uint64_t entries = 0;          // CQ entries read
+    std::uint64_t again = 0;            // -FI_EAGAIN from a post: tried again later
+    std::uint64_t staging_stalls = 0;   // no staging packet free (FI_MR_LOCAL)
+    std::uint64_t refused = 0;          // descriptors refused before the wire
+    std::uint64_t timed_out = 0;        // operations failed by the stall watch
+    std::uint64_t packets_received = 0;
+    std::uint64_t reordered = 0;        // packets held until an earlier one of their origin came
+    std::uint64_t dropped = 0;          // from no known origin, malformed, or a sequence already seen
+    std::uint64_t receive_errors = 0;
+    std::uint64_t receives_posted = 0;  // multi-receive buffers posted, first ones included
+  };
+  const Counters& counters() const { return counters_; }
+
+ private:
+  friend class OfiLane;
+  enum class Step { posted, wait, failed };
+
+  struct Held {
+    std::uint16_t seq;
+    std::uint8_t flags;
+    std::uint32_t immediate;
+    std::vector<std::byte> bytes;  // after the header
+  };
+  // What a peer context sent: the next sequence number due, and packets
+  // that came before it.
+  struct Inbound {
+    std::uint16_t expected = 0;
+    std::vector<Held> held;
+  };
+
+  // data path (ofi_datapath.cpp)
+  void post(OfiLane& lane);
+  Step post_one(OfiLane& lane, std::uint64_t n);
+  Step send_packet(OfiLane& lane, std::uint64_t n, const device::PacketDescriptor& p);
+  Step rdma(OfiLane& lane, std::uint64_t n, const device::RdmaDescriptor& x, bool put);
+  void refuse(OfiLane& lane, std::uint64_t n, Status why);
+  void fail_later(OfiLane& lane, std::uint64_t n, Status why);
+  void mark_done(OfiLane& lane, std::uint64_t n);
+  void post_failed(OfiLane& lane, const char* call, long rc);
+  void break_lane(OfiLane& lane, Status why);
+  void on_entry(const fi_cq_data_entry& e, device::PacketSink& sink);
+  void on_error(device::PacketSink& sink);
+  void on_packet(std::uint64_t data, const std::byte* bytes, std::size_t length, device::PacketSink& sink);
+  void deliver(Endpoint origin, std::uint8_t flags, std::uint32_t immediate, std::span<const std::byte> rest,
+               device::PacketSink& sink);
+  Inbound* inbound(Endpoint origin);
+  void post_receive(std::uint32_t buffer);
+  void release_staging(OfiLane& lane, std::uint64_t n);
+  std::size_t tend(device::PacketSink& sink);
+  void watch_stalls();
+
+  OfiFabric& fabric_;
+  ContextEndpoint& ep_;
+  std::uint16_t context_;
+  std::uint32_t fifo_depth_;
+  std::uint8_t key_id_;
+  std::uint64_t origin_;  // this context's origin word, the low half of every packet's CQ data
+  bool compact_;          // 8 bytes of CQ data: the short header may travel there
+  bool mr_local_;
+  bool virt_addr_;
+  std::size_t inject_;
+  std::uint32_t max_packet_;
+
+  // Receive buffers.
+  std::uint64_t recv_bytes_;
+  std::unique_ptr<std::byte[]> recv_memory_;
+  FiOwner<fid_mr> recv_mr_;
+  void* recv_desc_ = nullptr;
+  std::unique_ptr<OpContext[]> recv_ops_;
+  std::vector<std::uint32_t> to_repost_;
+  // Staging packets, under FI_MR_LOCAL.
+  std::unique_ptr<std::byte[]> staging_memory_;
+  FiOwner<fid_mr> staging_mr_;
+  void* staging_desc_ = nullptr;
+  std::vector<std::int32_t> staging_free_;
+
+  std::vector<std::unique_ptr<std::unique_ptr<OfiLane>[]>> lanes_;  // by peer task, then its context
+  std::vector<OfiLane*> active_;                                     // lanes made so far
+  std::vector<std::unique_ptr<Inbound[]>> inbound_;                  // by peer task, then its context
+  std::size_t backlog_ = 0;       // packets taken by the current progress()
+  std::uint32_t polls_ = 0;       // progress() calls, for the stall watch's period
+  std::uint64_t ops_posted_ = 0;  // operations given to the provider: the counter's target when quiet
+  bool tending_ = false;          // some lane has something to post, fail or report
+  std::size_t broken_lanes_ = 0;  // not yet reported to the sink
+  Counters counters_;
+};
+
+}  // namespace ami::ofi

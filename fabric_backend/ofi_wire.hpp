@@ -1,0 +1,87 @@
+// fabric_backend/ofi_wire.hpp — what the libfabric backend itself puts on
+// the wire: the header in front of every packet, the 32 bits of CQ data
+// that name its origin, and the task's entry in the address blob.
+//
+// Every packet is [header][the protocol's bytes]. The header carries the
+// lane's sequence number, so that a receiver restores each origin's order
+// where the provider completes receives out of order, and a flag for the
+// compact form (the packet's short header then travels as the upper 32
+// bits of the CQ data, where the provider carries 8 bytes of it). The
+// origin travels in the low 32 bits of the CQ data — task << 8 | context —
+// since not every provider reports a message's source (tcp;ofi_rxm has no
+// FI_SOURCE). All of it is untrusted input: a receiver drops and counts
+// what does not parse or names no peer it knows.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace ami::ofi {
+
+// The origin field's split: 24 bits of task, 8 of context.
+inline constexpr std::uint32_t kMaxContexts = 256;
+inline constexpr std::uint32_t kMaxTasks = 1u << 24;
+
+inline std::uint32_t origin_word(std::uint32_t task, std::uint16_t context) { return task << 8 | context; }
+inline std::uint32_t origin_task(std::uint32_t word) { return word >> 8; }
+inline std::uint16_t origin_context(std::uint32_t word) { return static_cast<std::uint16_t>(word & 0xFF); }
+
+struct PacketHeader {
+  std::uint16_t seq = 0;  // the lane's packets, counted from 0, wrapping
+  std::uint8_t flags = 0;
+  std::uint8_t reserved = 0;
+};
+static_assert(sizeof(PacketHeader) == 4);
+inline constexpr std::size_t kHeaderBytes = sizeof(PacketHeader);
+inline constexpr std::uint8_t kCompact = 1;  // the CQ data's upper half is the immediate
+
+// The task's entry in the address blob.
+struct AddressEntry {
+  static constexpr std::uint8_t kVersion = 1;
+  std::string provider;
+  std::vector<std::vector<std::byte>> names;  // one per context, all of one length
+
+  std::vector<std::byte> encode() const {
+    std::vector<std::byte> out;
+    auto put = [&out](const void* p, std::size_t n) {
+      const auto* b = static_cast<const std::byte*>(p);
+      out.insert(out.end(), b, b + n);
+    };
+    const std::uint8_t version = kVersion, name_len = static_cast<std::uint8_t>(provider.size());
+    const std::uint16_t addr_len = names.empty() ? 0 : static_cast<std::uint16_t>(names[0].size());
+    const std::uint16_t count = static_cast<std::uint16_t>(names.size());
+    put(&version, 1);
+    put(&name_len, 1);
+    put(provider.data(), provider.size());
+    put(&addr_len, 2);
+    put(&count, 2);
+    for (const auto& n : names) put(n.data(), n.size());
+    return out;
+  }
+
+  // false for a truncated or inconsistent entry, or another version.
+  static bool decode(std::span<const std::byte> in, AddressEntry& out) {
+    std::size_t at = 0;
+    auto get = [&in, &at](void* p, std::size_t n) {
+      if (in.size() - at < n) return false;
+      std::memcpy(p, in.data() + at, n);
+      at += n;
+      return true;
+    };
+    std::uint8_t version = 0, name_len = 0;
+    std::uint16_t addr_len = 0, count = 0;
+    if (!get(&version, 1) || version != kVersion || !get(&name_len, 1)) return false;
+    out.provider.resize(name_len);
+    if (!get(out.provider.data(), name_len) || !get(&addr_len, 2) || !get(&count, 2)) return false;
+    if (addr_len == 0 || in.size() - at != std::size_t{addr_len} * count) return false;
+    out.names.assign(count, std::vector<std::byte>(addr_len));
+    for (auto& n : out.names) get(n.data(), addr_len);
+    return true;
+  }
+};
+
+}  // namespace ami::ofi
