@@ -34,6 +34,9 @@ inline std::uint16_t free_port() {
 
 struct SelfPair {
   static constexpr const char* kBackend = "self";
+  // What a PUT or GET with a key the target refuses (a stale one) ends with.
+  static constexpr ami::StatusCode kRefusedKey = ami::StatusCode::remote_access;
+  static constexpr bool kOrdered = true;  // its lanes deliver in order: a fence is a message
   explicit SelfPair(const ami::Config& config)
       : client_(ami::ClientOptions{.name = "test", .contexts = 2, .job = {}, .config = config}) {}
 
@@ -93,6 +96,8 @@ class JobPair {
 // other: rings, CMA), driven from one thread.
 struct ShmPair : JobPair {
   static constexpr const char* kBackend = "shm";
+  static constexpr ami::StatusCode kRefusedKey = ami::StatusCode::remote_access;
+  static constexpr bool kOrdered = true;
   explicit ShmPair(const ami::Config& config) : JobPair(config, "self,shm") {}
 };
 
@@ -100,6 +105,8 @@ struct ShmPair : JobPair {
 // rdma_cm or the address exchange as configured. Needs an active port.
 struct VerbsPair : JobPair {
   static constexpr const char* kBackend = "verbs";
+  static constexpr ami::StatusCode kRefusedKey = ami::StatusCode::remote_access;
+  static constexpr bool kOrdered = true;
   explicit VerbsPair(const ami::Config& config) : JobPair(with_packets(config), "self,verbs") {}
 
   // The suite's message sizes are chosen to span several packets: the
@@ -110,5 +117,34 @@ struct VerbsPair : JobPair {
     return c;
   }
 };
+
+// The libfabric backend for real, on one provider (AMI_OFI_PROVIDER, unless
+// the case sets its own): tcp;ofi_rxm and shm run on any host.
+template <const char* Provider, bool Ordered, bool RefusesKeys>
+struct OfiPair : JobPair {
+  static constexpr const char* kBackend = "ofi";
+  static constexpr const char* kProvider = Provider;
+  static constexpr bool kOrdered = Ordered;  // the provider's transmit order covers PUTs
+  // A provider that drops a PUT or GET its target refuses, without an
+  // error, ends it by ami's stall watch (AMI_OFI_TIMEOUT, short here).
+  static constexpr ami::StatusCode kRefusedKey =
+      RefusesKeys ? ami::StatusCode::remote_access : ami::StatusCode::timeout;
+  explicit OfiPair(const ami::Config& config) : JobPair(with_provider(config), "self,ofi") {}
+
+  static ami::Config with_provider(ami::Config c) {
+    if (c.origin(ami::ParamName::lookup("AMI_OFI_PROVIDER")) == "default") REQUIRE(c.set("AMI_OFI_PROVIDER", Provider).ok());
+    if (!RefusesKeys && c.origin(ami::ParamName::lookup("AMI_OFI_TIMEOUT")) == "default")
+      REQUIRE(c.set("AMI_OFI_TIMEOUT", "1000").ok());
+    return c;
+  }
+};
+inline constexpr char kOfiTcp[] = "tcp;ofi_rxm";
+inline constexpr char kOfiShm[] = "shm";
+inline constexpr char kOfiVerbs[] = "verbs;ofi_rxm";
+using OfiTcpPair = OfiPair<kOfiTcp, true, true>;
+// Its transmits keep only send-after-send order; in libfabric 1.17 it drops
+// a PUT or GET whose key the target refuses (prov/shm smr_progress_cmd_rma).
+using OfiShmPair = OfiPair<kOfiShm, false, false>;
+using OfiVerbsPair = OfiPair<kOfiVerbs, true, true>;
 
 }  // namespace test

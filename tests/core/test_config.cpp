@@ -18,6 +18,7 @@
 #include "protocol_config.hpp"
 #include "self_config.hpp"
 #include "shm_config.hpp"
+#include "ofi_config.hpp"
 #include "verbs_domain.hpp"
 
 namespace core = ami::core;
@@ -25,6 +26,7 @@ namespace protocol = ami::protocol;
 namespace self = ami::self;
 namespace shm = ami::shm;
 namespace verbs = ami::verbs;
+namespace ofi = ami::ofi;
 
 // Expect: a name known only at run time never converts silently; it goes
 // through ParamName::lookup(). (That a misspelt literal does not compile is
@@ -202,7 +204,7 @@ TEST_CASE("the union holds every component's rows once") {
   // The core's, the protocol's, the collectives', then each registered backend's.
   std::vector<std::string_view> components;
   for (const ami::ParamGroup& g : groups) components.push_back(g.component);
-  CHECK(components == std::vector<std::string_view>{"core", "protocol", "collectives", "self", "shm", "verbs"});
+  CHECK(components == std::vector<std::string_view>{"core", "protocol", "collectives", "self", "shm", "verbs", "ofi"});
   auto groups_holding = [&](std::span<const ami::ParamSpec> rows) {
     int found = 0;
     for (const ami::ParamGroup& g : groups) found += g.rows.data() == rows.data() && g.rows.size() == rows.size();
@@ -214,6 +216,7 @@ TEST_CASE("the union holds every component's rows once") {
   CHECK(groups_holding(self::kParams) == 1);
   CHECK(groups_holding(shm::kParams) == 1);
   CHECK(groups_holding(verbs::kParams) == 1);
+  CHECK(groups_holding(ofi::kParams) == 1);
   // No name in two components, and each name found where it is declared.
   std::vector<std::string_view> names;
   for (const ami::ParamGroup& g : groups)
@@ -223,7 +226,7 @@ TEST_CASE("the union holds every component's rows once") {
       CHECK(&ami::ParamName::lookup(p.name).spec() == &p);
     }
   CHECK(names.size() == std::size(core::kParams) + std::size(protocol::kParams) + std::size(ami::coll::kParams) + std::size(self::kParams) +
-                            std::size(shm::kParams) + std::size(verbs::kParams));
+                            std::size(shm::kParams) + std::size(verbs::kParams) + std::size(ofi::kParams));
 }
 
 TEST_CASE("each row's default is a value of its own type and bounds") {

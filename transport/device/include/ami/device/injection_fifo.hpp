@@ -62,6 +62,9 @@ class InjectionFifo {
 
   // Device side: the descriptor of injection number n (counter <= n < injected).
   Slot& at(std::uint64_t n) { return slots_[index(n)]; }
+  // Device side: does a callback wait for descriptor n? A device that
+  // reports completions selectively asks for one only then.
+  bool has_callback(std::uint64_t n) const { return !callbacks_.empty_at(index(n)); }
 
   // The advance step. Returns the number of callbacks called.
   std::uint32_t complete() {
