@@ -65,7 +65,7 @@ readonly RXE_PROVIDER="verbs;ofi_rxm" RXE_UNIVERSE=4
 
 median() { sort -g | awk '{v[NR] = $1} END {if (NR == 0) print "n/a"; else print v[int((NR + 1) / 2)]}'; }
 
-declare -A samples
+declare -A samples=()
 add() { [[ -n $2 ]] && samples[$1]+="$2"$'\n'; return 0; }
 med() { printf '%s' "${samples[$1]:-}" | { grep . || true; } | median; }
 
@@ -112,6 +112,9 @@ ensure_build() {
   meson compile -C "$BUILD" tools/ami_info tools/ami_send_lat tools/ami_send_bw >/dev/null
 }
 
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+
 # listening PORT: a process listens on that TCP port (ami's bootstrap,
 # fi_pingpong's control connection, perftest's address exchange).
 listening() {
@@ -130,7 +133,7 @@ run_pair() {
   while [[ $1 != -- ]]; do server+=("$1"); shift; done
   shift
   client=("$@")
-  timeout "$((RUN_TIMEOUT + 10))" taskset -c "$SERVER_CPU" "${server[@]}" >/dev/null 2>&1 &
+  timeout "$((RUN_TIMEOUT + 10))" taskset -c "$SERVER_CPU" "${server[@]}" >"$WORK/server.out" 2>&1 &
   spid=$!
   for ((i = 0; i < 100; i++)); do
     listening "$PORT" || ! kill -0 "$spid" 2>/dev/null && break
@@ -142,9 +145,11 @@ run_pair() {
   kill "$spid" 2>/dev/null || true
   wait "$spid" 2>/dev/null || true
   PORT=$((PORT + 1))
+  # A failure may be reported by either side: the server's last words too.
+  ((RC == 0)) || OUT+=$'\n'"server: $(tail -2 "$WORK/server.out")"
 }
 
-declare -A hung transport failed failed_out
+declare -A hung=() transport=() failed=() failed_out=()
 skipped=()
 
 # gone KEY SIZE: this tool timed out on this provider at SIZE or below.
@@ -162,7 +167,7 @@ checked() {
   if ((RC != 0)); then
     echo "$1, $2 B: failed ($RC): $(tail -2 <<<"$OUT" | tr '\n' ' ')" >&2
     if [[ -z ${failed[$1]:-} ]]; then
-      failed[$1]="$2 B (exit status $RC, round $round)" failed_out[$1]=$(tail -3 <<<"$OUT")
+      failed[$1]="$2 B (exit status $RC, round $round)" failed_out[$1]=$(tail -4 <<<"$OUT")
     fi
   fi
   return 0

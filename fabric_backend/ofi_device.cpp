@@ -74,17 +74,32 @@ OfiDevice::OfiDevice(OfiFabric& fabric, std::uint16_t context, std::uint32_t fif
   if (to_repost_.size() == buffers) throw Error("ofi: no receive buffer could be posted (see the log)");
 }
 
-// What the provider still holds (sends of the last acks, a GET's reply)
-// gets a moment to finish, so that closing the endpoint does not cut it;
-// the counter says when everything given to the provider is done.
+// What the context sent last must still leave: descriptors the provider
+// refused for now (rxm while it connects) are posted, and what was given to
+// the provider gets a moment to complete (the counter says when all has),
+// so that closing the endpoint does not cut it. Bounded: a peer that is
+// gone does not hold the teardown up.
 OfiDevice::~OfiDevice() {
   using Clock = std::chrono::steady_clock;
-  const auto deadline = Clock::now() + std::chrono::milliseconds(200);
+  const auto deadline = Clock::now() + std::chrono::seconds(1);
   fi_cq_data_entry e[16];
-  while (Clock::now() < deadline) {
+  for (;;) {
+    bool unposted = false;
+    for (OfiLane* lane : active_) {
+      if (lane->broken_) continue;
+      if (lane->posted_ < lane->fifo().injected()) post(*lane);
+      unposted = unposted || (!lane->broken_ && lane->posted_ < lane->fifo().injected());
+    }
     const std::uint64_t done = fi_cntr_read(ep_.cntr.get()) + fi_cntr_readerr(ep_.cntr.get());
-    if (done >= ops_posted_) break;
+    if ((!unposted && done >= ops_posted_) || Clock::now() >= deadline) break;
     const ssize_t n = fi_cq_read(ep_.cq.get(), e, 16);
+    for (ssize_t i = 0; i < n; ++i) {  // the lanes' slots only: arrivals have nobody to go to now
+      auto* op = static_cast<OpContext*>(e[i].op_context);
+      if (op != nullptr && op->lane != nullptr && !(e[i].flags & FI_RECV)) {
+        release_staging(*op->lane, op->n);
+        mark_done(*op->lane, op->n);
+      }
+    }
     if (n == -FI_EAVAIL) {
       fi_cq_err_entry err{};
       (void)fi_cq_readerr(ep_.cq.get(), &err, 0);

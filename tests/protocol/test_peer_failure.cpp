@@ -25,7 +25,7 @@
 using namespace ami;
 using namespace test;
 
-#ifndef AMI_TEST_VERBS
+#if !defined(AMI_TEST_VERBS) && !defined(AMI_TEST_OFI)  // (backend-independent cases: once)
 #include "ami/device/region_table.hpp"
 #include "eager/am_engine.hpp"
 #include "self_device.hpp"
@@ -173,12 +173,15 @@ TEST_CASE("keepalives go to a quiet peer, owed an answer or not, and not to one 
   while (std::chrono::steady_clock::now() < stop) (void)quiet.ea.advance();
   CHECK(quiet.sa.keepalives_sent == 0);
 }
-#endif  // !AMI_TEST_VERBS
+#endif  // !AMI_TEST_VERBS && !AMI_TEST_OFI
 
 namespace {
 
-#ifdef AMI_TEST_VERBS
+#if defined(AMI_TEST_VERBS)
 constexpr const char* kBackends = "self,verbs";
+#elif defined(AMI_TEST_OFI)
+// AMI_TEST_OFI: the libfabric provider, as AMI_OFI_PROVIDER names it.
+constexpr const char* kBackends = "self,ofi";
 #else
 constexpr const char* kBackends = "self,shm";
 #endif
@@ -195,6 +198,9 @@ std::int64_t now_ns() {
 Config job_config(const char* extra_name = nullptr, const char* extra_value = nullptr) {
   Config c;
   REQUIRE(c.set("AMI_BACKENDS", kBackends).ok());
+#ifdef AMI_TEST_OFI
+  REQUIRE(c.set("AMI_OFI_PROVIDER", AMI_TEST_OFI).ok());
+#endif
   REQUIRE(c.set("AMI_KEEPALIVE_INTERVAL", "200").ok());
   if (extra_name != nullptr) REQUIRE(c.set(extra_name, extra_value).ok());
   return c;
@@ -566,7 +572,7 @@ TEST_CASE("a task that dies fails every one of its endpoints, once each, togethe
   CHECK(codes == std::vector<int>{0, -SIGKILL});
 }
 
-#ifndef AMI_TEST_VERBS
+#if !defined(AMI_TEST_VERBS) && !defined(AMI_TEST_OFI)  // (backend-independent cases: once)
 namespace {
 
 // Tasks that share no backend (self only): the only sign of a peer's end is
@@ -624,4 +630,4 @@ TEST_CASE("a peer whose bootstrap connection hangs up has ended: rank 0 sees a r
     CHECK(codes == std::vector<int>{0, 0, -SIGKILL});
   }
 }
-#endif  // !AMI_TEST_VERBS
+#endif  // !AMI_TEST_VERBS && !AMI_TEST_OFI
