@@ -14,7 +14,8 @@
 # (it prints both to two decimals; the latency is taken from whichever has
 # more digits, both come from the same clock). So:
 #   - latency: ami_send_lat's t_avg (the average, not t_typical, its
-#     median) against fi_pingpong's usec/xfer; target ami/fi <= 1.10;
+#     median) against fi_pingpong's usec/xfer; target ami/fi <= 1.10 (the
+#     headline adds ami's median at 8 B, as a reference);
 #   - bandwidth: ami's ping-pong bandwidth, size / ami_send_lat's t_avg,
 #     against fi_pingpong's, both in MiB/s: the same measurement on both
 #     sides; target ami/fi >= 0.95. ami_send_bw's streaming bandwidth (a
@@ -45,14 +46,17 @@
 #    on the host:
 #        PROVIDERS="shm tcp;ofi_rxm"     libfabric providers, as fi_info names them
 #        SIZES="8 64 ... 1048576"        the sweep's sizes
-#        LAT_ITERS=20000                 ping-pong iterations up to 512 B
-#        PINGPONG_BYTES=268435456        above that: bytes per ping-pong run (each
-#                                        way; at least 1000 iterations)
+#        LAT_ITERS=20000                 ping-pong iterations (ami and fi_pingpong
+#                                        alike) up to 512 B; above that
+#        PINGPONG_BYTES=268435456        bytes per ping-pong run, each way (1000
+#                                        to LAT_ITERS iterations)
 #        SWEEP_BYTES=268435456           bytes per ami_send_bw run (200 to
 #        RATE_ITERS=200000                 RATE_ITERS messages)
+#        PORT=19400                      first TCP port (one more per run)
 #    with --rxe (in the VM; it needs root and qemu, see tests/rxe/README.md):
 #        SIZES="8 4096 65536" LAT_ITERS=1000 BW_ITERS=5000
 #        BW_ITERS_LARGE=1000             bandwidth iterations above 4 KiB
+#                                        (fi_pingpong runs LAT_ITERS, as ami_send_lat)
 #        VM_TIMEOUT=3600                 seconds for everything in the VM
 set -euo pipefail
 cd "$(dirname "$0")/.."

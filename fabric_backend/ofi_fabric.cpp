@@ -88,6 +88,29 @@ InfoOwner query(const std::string& provider, int* rc_out = nullptr) {
   return InfoOwner(rc == 0 ? list : nullptr);
 }
 
+}  // namespace
+
+std::string missing_needs(const fi_info& offered) {
+  std::string missing;
+  auto lack = [&missing](const std::string& what) { missing += (missing.empty() ? "" : ", ") + what; };
+  const std::uint64_t caps_missing = kCaps & ~offered.caps;
+  if (caps_missing != 0) lack("capabilities " + std::string(fi_tostr(&caps_missing, FI_TYPE_CAPS)));
+  const std::uint64_t modes_needed = offered.mode & ~kModes;
+  if (modes_needed != 0) lack("modes ami does not give: " + std::string(fi_tostr(&modes_needed, FI_TYPE_MODE)));
+  if (offered.tx_attr == nullptr || (offered.tx_attr->msg_order & FI_ORDER_SAS) == 0)
+    lack("send-after-send order (FI_ORDER_SAS)");
+  if (offered.domain_attr != nullptr) {
+    const int mr_needed = offered.domain_attr->mr_mode & ~kMrModes & ~(FI_MR_BASIC | FI_MR_SCALABLE);
+    if (mr_needed != 0)
+      lack("registration modes ami does not handle: " + std::string(fi_tostr(&mr_needed, FI_TYPE_MR_MODE)));
+    if (offered.domain_attr->cq_data_size < 4) lack("4 bytes of CQ data (the origin)");
+    if (offered.domain_attr->mr_key_size > 8) lack("remote keys of at most 8 bytes");
+  }
+  return missing.empty() ? "something fi_getinfo does not say" : missing;
+}
+
+namespace {
+
 // Why the named provider does not meet ami's needs: what it lacks, read
 // from what it offers without ami's hints.
 std::string what_lacks(const std::string& provider) {
@@ -101,17 +124,7 @@ std::string what_lacks(const std::string& provider) {
     return "provider '" + provider + "' is not on this host or has no reliable-datagram endpoint (fi_info -l lists "
            "the providers there are)";
   InfoOwner owner(list);
-  std::string missing;
-  auto lack = [&missing](const std::string& what) { missing += (missing.empty() ? "" : ", ") + what; };
-  const std::uint64_t caps_missing = kCaps & ~list->caps;
-  if (caps_missing != 0) lack("capabilities " + std::string(fi_tostr(&caps_missing, FI_TYPE_CAPS)));
-  const std::uint64_t modes_needed = list->mode & ~kModes;
-  if (modes_needed != 0) lack("modes ami does not give: " + std::string(fi_tostr(&modes_needed, FI_TYPE_MODE)));
-  if ((list->tx_attr->msg_order & FI_ORDER_SAS) == 0) lack("send-after-send order (FI_ORDER_SAS)");
-  const int mr_needed = list->domain_attr->mr_mode & ~kMrModes & ~(FI_MR_BASIC | FI_MR_SCALABLE);
-  if (mr_needed != 0) lack("registration modes ami does not handle: " + std::string(fi_tostr(&mr_needed, FI_TYPE_MR_MODE)));
-  if (missing.empty()) missing = "something fi_getinfo does not say";
-  return "provider '" + provider + "' lacks what ami needs: " + missing;
+  return "provider '" + provider + "' lacks what ami needs: " + missing_needs(*list);
 }
 
 bool ordered(const fi_info* i);

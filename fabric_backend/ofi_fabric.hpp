@@ -55,6 +55,10 @@ using InfoOwner = std::unique_ptr<fi_info, FreeInfo>;
 // "ami: ofi: <text>" on stderr, one line.
 void log(const char* format, ...) __attribute__((format(printf, 1, 2)));
 
+// What a provider's entry lacks of ami's needs ("capabilities [FI_MULTI_RECV],
+// send-after-send order (FI_ORDER_SAS)"), for the error that refuses it.
+std::string missing_needs(const fi_info& offered);
+
 struct OfiOptions {
   std::string provider;  // "" chooses
   std::uint32_t packet_bytes = 8192;

@@ -50,7 +50,8 @@ void usage(Test t) {
       "  -t, --tx-depth=<n>       operations in flight in bandwidth tests (default 128);\n"
       "                           verbs: also the send queue depth (AMI_VERBS_SQ_DEPTH)\n"
       "  -p, --port=<port>        bootstrap port (default 18515; --local: a free one)\n"
-      "      --backend=<name>     shm (default) | self | verbs; a device option implies verbs\n"
+      "      --backend=<name>     %s (default shm); a device option implies verbs; ofi takes\n"
+      "                           its provider from AMI_OFI_PROVIDER\n"
       "      --local              start the server as a child process (self: a thread)\n"
       "      --report_gbits       bandwidth in Gb/s instead of MiB/s\n"
       "      --remote_done        send tests: every measured send asks for remote_done (bandwidth:\n"
@@ -72,7 +73,7 @@ void usage(Test t) {
       "                           (AMI_VERBS_DOORBELL_BATCH; default 16)\n"
       "\nEvery AMI_* variable of ami_info --config applies too; options override them.\n",
       tool_name(t), tool_name(t), tool_name(t), default_size(t),
-      is_latency(t) ? "ib_*_lat" : "ib_*_bw");
+      is_latency(t) ? "ib_*_lat" : "ib_*_bw", backend_list().c_str());
 }
 
 bool number(const char* text, std::size_t& out, std::size_t min, std::size_t max, const char* what) {

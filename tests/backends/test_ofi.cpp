@@ -1,0 +1,86 @@
+// The libfabric backend's own parts: what refuses a provider, and how.
+// (Everything else it does runs in the conformance suite, test_backends, on
+// tcp;ofi_rxm and shm here and on verbs;ofi_rxm in the rxe VM.)
+#include <doctest/doctest.h>
+
+#include <rdma/fabric.h>
+
+#include <string>
+
+#include "ami/ami.hpp"
+#include "ofi_fabric.hpp"
+#include "pair.hpp"
+
+namespace {
+
+struct FreeInfo {
+  void operator()(fi_info* i) const { fi_freeinfo(i); }
+};
+
+bool has(const std::string& text, const char* part) { return text.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("a provider's entry that lacks what ami needs: each lack is named") {
+  std::unique_ptr<fi_info, FreeInfo> info(fi_allocinfo());
+  REQUIRE(info != nullptr);
+  info->caps = FI_MSG | FI_RMA | FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+  info->mode = FI_CONTEXT | FI_MSG_PREFIX;
+  info->tx_attr->msg_order = 0;
+  info->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_RAW;
+  info->domain_attr->cq_data_size = 0;
+  info->domain_attr->mr_key_size = 16;
+  const std::string lacks = ami::ofi::missing_needs(*info);
+  INFO(lacks);
+  CHECK(has(lacks, "FI_MULTI_RECV"));
+  CHECK(!has(lacks, "FI_RMA"));           // it has that
+  CHECK(has(lacks, "FI_MSG_PREFIX"));     // a mode ami does not give
+  CHECK(!has(lacks, "FI_CONTEXT,"));      // one it gives
+  CHECK(has(lacks, "FI_ORDER_SAS"));
+  CHECK(has(lacks, "FI_MR_RAW"));
+  CHECK(has(lacks, "CQ data"));
+  CHECK(has(lacks, "at most 8 bytes"));
+
+  // What meets every need has nothing named.
+  info->caps |= FI_MULTI_RECV;
+  info->mode = FI_CONTEXT;
+  info->tx_attr->msg_order = FI_ORDER_SAS;
+  info->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_LOCAL;
+  info->domain_attr->cq_data_size = 8;
+  info->domain_attr->mr_key_size = 8;
+  CHECK(ami::ofi::missing_needs(*info) == "something fi_getinfo does not say");
+}
+
+TEST_CASE("AMI_BACKENDS naming ofi with a provider this host lacks stops the client, naming the provider") {
+  ami::Config c = test::config_with({{"AMI_BACKENDS", "self,ofi"}, {"AMI_OFI_PROVIDER", "no-such-provider"}});
+  try {
+    ami::Client client(ami::ClientOptions{.name = "test", .contexts = 1, .job = {}, .config = c});
+    FAIL("the client was made");
+  } catch (const ami::Error& e) {
+    const std::string what = e.what();
+    INFO(what);
+    CHECK(has(what, "ofi"));
+    CHECK(has(what, "no-such-provider"));
+    CHECK(has(what, "not on this host"));
+  }
+}
+
+TEST_CASE("the provider in use, its limits and registration modes are described") {
+  ami::Config c = test::config_with({{"AMI_OFI_PROVIDER", "tcp;ofi_rxm"}});
+  const ami::ofi::OfiOptions o = ami::ofi::OfiOptions::from(c);
+  ami::ofi::OfiFabric fabric(0, 2, 1, o, 3);
+  const std::string d = fabric.describe();
+  INFO(d);
+  CHECK(has(d, "provider tcp;ofi_rxm"));
+  CHECK(has(d, "inject"));
+  CHECK(has(d, "largest message"));
+  CHECK(has(d, "mr_mode ["));
+  CHECK(has(d, "fence by message"));  // rxm keeps the order ami's fence message needs
+  CHECK(fabric.facts().ordered);
+  CHECK(fabric.max_packet() == 8192);
+  // The address entry: the provider, then one endpoint name per context.
+  CHECK(ami::ofi::OfiFabric::provider_of(fabric.local_address()) == "tcp;ofi_rxm");
+  std::vector<std::byte> cut = fabric.local_address();
+  cut.pop_back();
+  CHECK(ami::ofi::OfiFabric::provider_of(cut).empty());  // truncated: refused
+}
