@@ -107,7 +107,10 @@ const device::BackendInfo& backend_info() {
       .name = "ofi",
       .params = kParams,
       .max_contexts = static_cast<std::uint16_t>(kMaxContexts),
-      .available = [](const Config& c, std::string* why) { return OfiFabric::available(OfiOptions::from(c), why); },
+      .available = [](const device::BackendSetup& s, std::string* why) {
+        OfiFabric::set_universe(s.tasks);
+        return OfiFabric::available(OfiOptions::from(s.config), why);
+      },
       .open = [](const device::BackendSetup& s) -> std::unique_ptr<device::Backend> {
         return std::make_unique<OfiBackend>(s);
       },

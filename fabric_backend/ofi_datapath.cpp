@@ -294,7 +294,10 @@ void OfiDevice::on_error(device::PacketSink& sink) {
   log("context %u to task %u context %u: operation %llu failed: %s (%s)%s", context_, lane.peer().task,
       lane.peer().context, static_cast<unsigned long long>(n), fi_strerror(err.err), what != nullptr ? what : "",
       "; failing the lane");
-  if (status == StatusCode::peer_failed || !rdma) return break_lane(lane, status);
+  // (An I/O error of a PUT or GET is the peer refusing it: verbs;ofi_rxm
+  // reports a remote access error so.)
+  const bool peer_lost = status == StatusCode::peer_failed && !(rdma && err.err == FI_EIO);
+  if (peer_lost || !rdma) return break_lane(lane, status);
   // A PUT or GET the peer refused gets its own status; the lane ends after
   // it, as an RC queue pair does on verbs (and tcp;ofi_rxm drops the
   // connection): what follows fails as when the peer is gone.

@@ -168,6 +168,14 @@ std::string order_text(std::uint64_t order) { return fi_tostr(&order, FI_TYPE_MS
 
 }  // namespace
 
+void OfiFabric::set_universe(std::uint32_t tasks) {
+  setenv("FI_UNIVERSE_SIZE", std::to_string(std::max<std::uint32_t>(tasks, 2)).c_str(), 0);
+  // No registration cache inside libfabric: ami has its own (the core's),
+  // and one that keeps a registration after fi_close would leave a
+  // destroyed Memory's key working (verbs;ofi_rxm does, by default).
+  setenv("FI_MR_CACHE_MAX_COUNT", "0", 0);
+}
+
 bool OfiFabric::available(const OfiOptions& o, std::string* why) {
   int rc = 0;
   InfoOwner list = query(o.provider, &rc);
@@ -201,8 +209,7 @@ OfiFabric::OfiFabric(std::uint32_t task, std::uint32_t tasks, std::uint16_t cont
                      std::uint8_t key_id)
     : task_(task), tasks_(tasks), contexts_(contexts), options_(options), key_id_(key_id) {
   if (tasks > kMaxTasks) throw Error("ofi: a job of more than 2^24 tasks");
-  // verbs;ofi_rxm sizes its queues by the job (libfabric#10692): say how large it is.
-  setenv("FI_UNIVERSE_SIZE", std::to_string(std::max<std::uint32_t>(tasks, 2)).c_str(), 0);
+  set_universe(tasks);
   int rc = 0;
   InfoOwner list = query(options.provider, &rc);
   if (!list)

@@ -115,6 +115,11 @@ class OfiFabric {
   // Is there a provider that meets ami's needs (the one AMI_OFI_PROVIDER
   // names)? why says what is missing.
   static bool available(const OfiOptions& options, std::string* why);
+  // Tells libfabric the job's size (FI_UNIVERSE_SIZE, unless the user set
+  // it): verbs;ofi_rxm sizes its queues by it (libfabric#10692), and
+  // libfabric reads it once, at the process's first fi_getinfo. Turns
+  // libfabric's registration cache off too (FI_MR_CACHE_MAX_COUNT=0).
+  static void set_universe(std::uint32_t tasks);
   // The providers of this host that meet ami's needs, one line each.
   static std::string inventory();
 

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string_view>
 
 #include "ami/ami.hpp"
@@ -77,9 +78,20 @@ int main(int argc, char** argv) {
     return 0;
   }
   std::printf("# ami %s\n", AMI_VERSION);
+  // The client first: a library a backend opens may read the job's size
+  // once, at its first call (libfabric's FI_UNIVERSE_SIZE), and the
+  // inventory would make that call without it.
+  std::unique_ptr<ami::Client> made;
+  try {
+    made = std::make_unique<ami::Client>(ami::ClientOptions{.name = "ami_info", .contexts = 1});
+  } catch (const ami::Error& e) {
+    print_lines(ami::describe_hardware(), false);
+    std::fprintf(stderr, "ami_info: %s\n", e.what());
+    return 1;
+  }
   print_lines(ami::describe_hardware(), false);
   try {
-    ami::Client client(ami::ClientOptions{.name = "ami_info", .contexts = 1});
+    ami::Client& client = *made;
     const std::string_view bootstrap = client.bootstrap_name();
     std::printf("# task %u of %u, %u context(s), bootstrap %.*s\n", client.task(), client.size(),
                 client.context_count(), static_cast<int>(bootstrap.size()), bootstrap.data());

@@ -142,8 +142,8 @@ const device::BackendInfo& backend_info() {
   static const device::BackendInfo info{
       .name = "verbs",
       .params = kParams,
-      .available = [](const Config& c, std::string* why) {
-        return VerbsDomain::available(why, c.text(Param("AMI_NET_DEVICES")));
+      .available = [](const device::BackendSetup& s, std::string* why) {
+        return VerbsDomain::available(why, s.config.text(Param("AMI_NET_DEVICES")));
       },
       .open = [](const device::BackendSetup& s) -> std::unique_ptr<device::Backend> {
         return std::make_unique<VerbsBackend>(s);

@@ -67,6 +67,10 @@ step test_verbs "$build/tests/backends/test_verbs"
 step backends_verbs "$build/tests/backends/test_backends_verbs"
 step peer_failure_verbs "$build/tests/protocol/test_peer_failure_verbs"
 step collectives_verbs "$build/tests/collectives/test_collectives_verbs"
+# The libfabric backend on verbs;ofi_rxm over rxe0 (the conformance suite's
+# ofi pairs ran in backends_verbs).
+step peer_failure_ofi_verbs "$build/tests/protocol/test_peer_failure_ofi_verbs"
+step collectives_ofi_verbs "$build/tests/collectives/test_collectives_ofi_verbs"
 
 gid=${RXE_GID_INDEX:?RXE_GID_INDEX not set}
 json=$(mktemp)

@@ -83,7 +83,7 @@ BackendSet::BackendSet(const device::BackendSetup& setup) : task_(setup.task) {
     if (!slot.chosen) continue;
     const std::string name(rows[i].info.name);
     const bool required = rows[i].always || choice.explicit_list;
-    if (rows[i].info.available != nullptr && !rows[i].info.available(setup.config, &slot.absent)) {
+    if (rows[i].info.available != nullptr && !rows[i].info.available(setup, &slot.absent)) {
       if (required) throw Error("Client: AMI_BACKENDS asks for " + name + ", but " + slot.absent);
       continue;
     }

@@ -195,8 +195,10 @@ struct BackendInfo {
   // The most contexts a task may have with this backend in use.
   std::uint16_t max_contexts = 0xFFFF;
   // Can this host have it at all (an active RDMA port)? why says what is
-  // missing. Holds no resources. nullptr: always.
-  bool (*available)(const Config& config, std::string* why) = nullptr;
+  // missing. Holds no resources. Asked just before open(), with what open()
+  // gets (a library that reads the job's size once, at its first call,
+  // learns it here). nullptr: always.
+  bool (*available)(const BackendSetup& setup, std::string* why) = nullptr;
   // Sets it up for the task. Throws ami::Error naming what failed.
   std::unique_ptr<Backend> (*open)(const BackendSetup& setup) = nullptr;
   // What it finds on this host without opening it, one line each
