@@ -330,16 +330,18 @@ Status OfiFabric::connect(std::uint32_t peer, std::span<const std::byte> entry) 
   if (peer >= tasks_ || !AddressEntry::decode(entry, a) || a.names.empty() || a.names.size() > kMaxContexts)
     return {StatusCode::malformed_packet, "ofi: the peer's address entry is malformed"};
   if (a.provider != facts_.name) return {StatusCode::unreachable, "ofi: the peer uses another provider"};
-  std::vector<std::byte> names;
-  for (const auto& n : a.names) names.insert(names.end(), n.begin(), n.end());
   const std::size_t count = a.names.size();
   for (auto& e : endpoints_) {
     if (!e->av) continue;
     std::vector<fi_addr_t> addrs(count, FI_ADDR_NOTAVAIL);
-    const int n = fi_av_insert(e->av.get(), names.data(), count, addrs.data(), 0, nullptr);
-    if (n != static_cast<int>(count)) {
-      log("fi_av_insert of task %u's %zu endpoint(s): %d (%s)", peer, count, n, n < 0 ? fi_strerror(-n) : "fewer");
-      return {StatusCode::device_error, "ofi: fi_av_insert refused the peer's endpoint names"};
+    // One at a time: a provider whose names are strings (shm) reads each
+    // up to its end, not by a stride.
+    for (std::size_t i = 0; i < count; ++i) {
+      const int n = fi_av_insert(e->av.get(), a.names[i].data(), 1, &addrs[i], 0, nullptr);
+      if (n != 1) {
+        log("fi_av_insert of task %u context %zu: %d (%s)", peer, i, n, n < 0 ? fi_strerror(-n) : "refused");
+        return {StatusCode::device_error, "ofi: fi_av_insert refused the peer's endpoint names"};
+      }
     }
     e->peers[peer] = std::move(addrs);
   }

@@ -13,6 +13,7 @@
 // what does not parse or names no peer it knows.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -43,23 +44,32 @@ inline constexpr std::uint8_t kCompact = 1;  // the CQ data's upper half is the 
 struct AddressEntry {
   static constexpr std::uint8_t kVersion = 1;
   std::string provider;
-  std::vector<std::vector<std::byte>> names;  // one per context, all of one length
+  std::vector<std::vector<std::byte>> names;  // one per context
 
   std::vector<std::byte> encode() const {
-    std::vector<std::byte> out;
-    auto put = [&out](const void* p, std::size_t n) {
-      const auto* b = static_cast<const std::byte*>(p);
-      out.insert(out.end(), b, b + n);
-    };
     const std::uint8_t version = kVersion, name_len = static_cast<std::uint8_t>(provider.size());
-    const std::uint16_t addr_len = names.empty() ? 0 : static_cast<std::uint16_t>(names[0].size());
+    // Names of one length (shm's are strings of any): the longest, the
+    // others padded with zeros.
+    std::size_t longest = 0;
+    for (const auto& n : names) longest = std::max(longest, n.size());
+    const auto addr_len = static_cast<std::uint16_t>(longest);
     const std::uint16_t count = static_cast<std::uint16_t>(names.size());
+    // Sized once, then filled: (GCC 12 at -O3 takes byte-wise inserts for overflows.)
+    std::vector<std::byte> out(2 + provider.size() + 4 + std::size_t{addr_len} * count);
+    std::byte* p = out.data();
+    auto put = [&p](const void* from, std::size_t n) {
+      if (n != 0) std::memcpy(p, from, n);
+      p += n;
+    };
     put(&version, 1);
     put(&name_len, 1);
     put(provider.data(), provider.size());
     put(&addr_len, 2);
     put(&count, 2);
-    for (const auto& n : names) put(n.data(), n.size());
+    for (const auto& n : names) {
+      put(n.data(), n.size());
+      p += addr_len - n.size();  // (zeros already)
+    }
     return out;
   }
 

@@ -5,7 +5,11 @@
 
 #include <rdma/fabric.h>
 
+#include <chrono>
+#include <utility>
+
 #include <string>
+#include <vector>
 
 #include "ami/ami.hpp"
 #include "ofi_fabric.hpp"
@@ -83,4 +87,50 @@ TEST_CASE("the provider in use, its limits and registration modes are described"
   std::vector<std::byte> cut = fabric.local_address();
   cut.pop_back();
   CHECK(ami::ofi::OfiFabric::provider_of(cut).empty());  // truncated: refused
+}
+
+TEST_CASE("many contexts a side: every context reaches every context of the peer (names of several lengths)") {
+  // shm's endpoint names are strings that grow with the process's endpoint
+  // count: twelve contexts a side give names of two lengths.
+  constexpr std::uint16_t kContexts = 12;
+  for (const char* provider : {"shm", "tcp;ofi_rxm"}) {
+    CAPTURE(provider);
+    test::JobPair pair(test::config_with({{"AMI_OFI_PROVIDER", provider}}), "self,ofi", kContexts);
+    struct Seen {
+      int messages = 0;
+      std::vector<ami::Endpoint> from;
+    };
+    std::vector<Seen> seen_a(kContexts), seen_b(kContexts);
+    for (std::uint16_t i = 0; i < kContexts; ++i) {
+      for (auto [client, seen] : {std::pair{&pair.client_a(), &seen_a[i]}, std::pair{&pair.client_b(), &seen_b[i]}})
+        REQUIRE(client->context(i).set_dispatch(7, {+[](void* c, const ami::Incoming& in, ami::Receive*) {
+          auto* s = static_cast<Seen*>(c);
+          ++s->messages;
+          s->from.push_back(in.origin);
+        }, seen}).ok());
+    }
+    const std::byte payload[5] = {};
+    for (std::uint16_t i = 0; i < kContexts; ++i)
+      for (std::uint16_t j = 0; j < kContexts; ++j) {
+        REQUIRE(pair.client_a().context(i).send({.dest = {1, j}, .dispatch = 7, .payload = payload}).ok());
+        REQUIRE(pair.client_b().context(i).send({.dest = {0, j}, .dispatch = 7, .payload = payload}).ok());
+      }
+    auto all = [&] {
+      for (std::uint16_t i = 0; i < kContexts; ++i)
+        if (seen_a[i].messages != kContexts || seen_b[i].messages != kContexts) return false;
+      return true;
+    };
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!all() && std::chrono::steady_clock::now() < deadline)
+      for (std::uint16_t i = 0; i < kContexts; ++i) {
+        (void)pair.client_a().context(i).advance();
+        (void)pair.client_b().context(i).advance();
+      }
+    REQUIRE(all());
+    for (std::uint16_t j = 0; j < kContexts; ++j)
+      for (std::uint16_t i = 0; i < kContexts; ++i) {
+        CHECK(seen_b[j].from[i].task == 0);
+        CHECK(seen_a[j].from[i].task == 1);
+      }
+  }
 }

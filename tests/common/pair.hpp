@@ -55,12 +55,12 @@ struct SelfPair {
 // process, limited to the given backends (AMI_BACKENDS).
 class JobPair {
  public:
-  JobPair(const ami::Config& config, const char* backends) {
+  JobPair(const ami::Config& config, const char* backends, std::uint16_t contexts = 1) {
     ami::Config c = config;
     REQUIRE(c.set("AMI_BACKENDS", backends).ok());
     const std::string address = "127.0.0.1:" + std::to_string(free_port());
     auto options = [&](std::uint32_t rank) {
-      return ami::ClientOptions{.name = "test", .contexts = 1,
+      return ami::ClientOptions{.name = "test", .contexts = contexts,
                                 .job = {.rank = rank, .size = 2, .bootstrap = address},
                                 .config = c};
     };
