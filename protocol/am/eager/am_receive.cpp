@@ -1,6 +1,7 @@
 // protocol/am/eager/am_receive.cpp — the receive side: validating arrivals,
 // dispatching, eager reassembly, acks; and the advance loop.
 #include <cstring>
+#include <optional>
 
 #include "am_engine.hpp"
 
@@ -197,9 +198,11 @@ void AmEngine::end_previous(Peer& peer) {
 void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {
   begin_message(peer);
   Reassembly& rx = peer.rx;
-  wire::RendezvousInfo source;
+  // Made only for a message that names its buffer: a whole small message
+  // does not pay for zeroing a remote key.
+  std::optional<wire::RendezvousInfo> named;
   const bool rndv = (v.header.flags & wire::kRendezvous) != 0;
-  if (rndv && !wire::RendezvousInfo::decode(v.rendezvous, v.header.total_len, source)) {
+  if (rndv && !wire::RendezvousInfo::decode(v.rendezvous, v.header.total_len, named.emplace())) {
     count_malformed(kBadRendezvous);
     return;  // (not answered: what its sender could do with the answer is unknown)
   }
@@ -219,7 +222,7 @@ void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {
     // Dropped as it comes (or stopped: nobody wants it); acked at the end.
     rx = Reassembly{.active = true, .message_id = v.header.message_id, .ack_seq = seq,
                     .total = v.header.total_len, .received = v.payload.size(), .wants_remote_done = wants_answer,
-                    .answer_flags = wire::kDispatchMissing, .rndv = rndv, .source = source};
+                    .answer_flags = wire::kDispatchMissing, .rndv = rndv, .source = named ? *named : wire::RendezvousInfo{}};
     if (rndv) consider_stop(peer);
     return;
   }
@@ -238,7 +241,7 @@ void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {
                   .rndv = rndv, .zero_copy = recv.zero_copy, .memory = recv.memory, .defer = defer,
                   .piece = recv.buffer == nullptr && defer == nullptr ? recv.piece : nullptr,
                   .piece_cookie = recv.piece_cookie,
-                  .source = source};
+                  .source = named ? *named : wire::RendezvousInfo{}};
   if (rx.piece != nullptr)
     rx.piece(rx.piece_cookie, 0, v.payload);
   else if (rx.buffer != nullptr)
