@@ -34,7 +34,7 @@ void log(const char* format, ...) {
 OfiOptions OfiOptions::from(const Config& c) {
   OfiOptions o;
   o.provider = c.text(Param("AMI_OFI_PROVIDER"));
-  o.packet_bytes = static_cast<std::uint32_t>(c.number(Param("AMI_OFI_PACKET_SIZE")));
+  if (auto bytes = c.number_or_auto(Param("AMI_OFI_PACKET_SIZE"))) o.packet_bytes = static_cast<std::uint32_t>(*bytes);
   o.recv_buffers = static_cast<std::uint32_t>(c.number(Param("AMI_OFI_RECV_BUFFERS")));
   o.recv_buffer_bytes = c.number(Param("AMI_OFI_RECV_BUFFER_SIZE"));
   if (auto local = c.number_or_auto(Param("AMI_OFI_MR_LOCAL"))) o.mr_local = *local != 0;
@@ -235,7 +235,8 @@ OfiFabric::OfiFabric(std::uint32_t task, std::uint32_t tasks, std::uint16_t cont
   facts_.ordered = options.ordered && ordered(info_.get());
   if (facts_.max_msg < 1024) throw Error("ofi: " + facts_.name + " carries messages of at most " +
                                          std::to_string(facts_.max_msg) + " bytes");
-  packet_bytes_ = static_cast<std::uint32_t>(std::min<std::uint64_t>(options.packet_bytes, facts_.max_msg));
+  const std::uint32_t wanted = options.packet_bytes.value_or(facts_.name == "shm" ? 65536 : 8192);
+  packet_bytes_ = static_cast<std::uint32_t>(std::min<std::uint64_t>(wanted, facts_.max_msg));
   if (options.recv_buffer_bytes < std::uint64_t{8} * packet_bytes_)
     throw Error("ofi: AMI_OFI_RECV_BUFFER_SIZE holds fewer than 8 packets of AMI_OFI_PACKET_SIZE");
 

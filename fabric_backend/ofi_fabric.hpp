@@ -61,7 +61,7 @@ std::string missing_needs(const fi_info& offered);
 
 struct OfiOptions {
   std::string provider;  // "" chooses
-  std::uint32_t packet_bytes = 8192;
+  std::optional<std::uint32_t> packet_bytes;  // nullopt: as the provider suits
   std::uint32_t recv_buffers = 4;
   std::uint64_t recv_buffer_bytes = 1 << 20;
   std::optional<bool> mr_local;  // nullopt: as the provider asks

@@ -133,6 +133,9 @@ struct OfiPair : JobPair {
 
   static ami::Config with_provider(ami::Config c) {
     if (c.origin(ami::ParamName::lookup("AMI_OFI_PROVIDER")) == "default") REQUIRE(c.set("AMI_OFI_PROVIDER", Provider).ok());
+    // The suite's message sizes are chosen to span several 8 KiB packets
+    // (shm's own default, 64 KiB, would carry most of them whole).
+    if (c.origin(ami::ParamName::lookup("AMI_OFI_PACKET_SIZE")) == "default") REQUIRE(c.set("AMI_OFI_PACKET_SIZE", "8192").ok());
     if (!RefusesKeys && c.origin(ami::ParamName::lookup("AMI_OFI_TIMEOUT")) == "default")
       REQUIRE(c.set("AMI_OFI_TIMEOUT", "1000").ok());
     return c;
