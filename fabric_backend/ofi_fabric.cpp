@@ -286,7 +286,13 @@ void OfiFabric::open_endpoint(std::uint16_t context) {
   require(fi_ep_bind(ep, &av->fid, 0), "fi_ep_bind(av)");
   require(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION), "fi_ep_bind(cq)");
   require(fi_ep_bind(ep, &cntr->fid, FI_SEND | FI_WRITE | FI_READ), "fi_ep_bind(cntr)");
-  require(fi_enable(ep), "fi_enable");
+  int enabled = fi_enable(ep);
+  // libfabric's shm names an endpoint's segment by pid and a count, and
+  // refuses (EBUSY) a segment left by a dead process whose pid this one now
+  // has — though it removes that segment as it refuses. Once more is then
+  // enough; any other refusal stays one.
+  if (enabled == -FI_EBUSY && facts_.name == "shm") enabled = fi_enable(ep);
+  require(enabled, "fi_enable");
   // After fi_enable: shm's endpoint has nothing to set it on before.
   const std::size_t min_free = std::size_t{packet_bytes_} + kHeaderBytes;
   require(fi_setopt(&ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &min_free, sizeof min_free),

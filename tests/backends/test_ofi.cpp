@@ -3,7 +3,11 @@
 // tcp;ofi_rxm and shm here and on verbs;ofi_rxm in the rxe VM.)
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
 #include <rdma/fabric.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <utility>
@@ -132,5 +136,45 @@ TEST_CASE("many contexts a side: every context reaches every context of the peer
         CHECK(seen_b[j].from[i].task == 0);
         CHECK(seen_a[j].from[i].task == 1);
       }
+  }
+}
+
+TEST_CASE("shm: a segment a dead process left under this process's pid does not stop the provider") {
+  // libfabric's shm names a segment "<pid>:<uid>:<endpoint count>"; a task
+  // killed with -9 leaves its segments, and a later process given the same
+  // pid finds them. Leave such segments (zeroed: not of this libfabric) for
+  // every count this process may reach next, then start a pair on shm.
+  struct Left {
+    std::vector<std::string> names;
+    ~Left() {
+      for (const std::string& name : names) shm_unlink(name.c_str());  // those no endpoint took over
+    }
+  } left;
+  for (int k = 0; k < 256; ++k) {
+    const std::string name =
+        std::to_string(getpid()) + ":" + std::to_string(getuid()) + ":" + std::to_string(k);
+    const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, S_IRUSR | S_IWUSR);
+    if (fd < 0) continue;  // a live endpoint of this process
+    REQUIRE(ftruncate(fd, 4096) == 0);
+    close(fd);
+    left.names.push_back(name);
+  }
+  REQUIRE(!left.names.empty());
+  {
+    test::JobPair pair(test::config_with({{"AMI_OFI_PROVIDER", "shm"}}), "self,ofi", 1);
+    int seen = 0;
+    for (ami::Client* client : {&pair.client_a(), &pair.client_b()})
+      REQUIRE(client->context(0).set_dispatch(7, {+[](void* c, const ami::Incoming&, ami::Receive*) {
+        ++*static_cast<int*>(c);
+      }, &seen}).ok());
+    const std::byte payload[5] = {};
+    REQUIRE(pair.client_a().context(0).send({.dest = {1, 0}, .dispatch = 7, .payload = payload}).ok());
+    REQUIRE(pair.client_b().context(0).send({.dest = {0, 0}, .dispatch = 7, .payload = payload}).ok());
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (seen < 2 && std::chrono::steady_clock::now() < deadline) {
+      (void)pair.client_a().context(0).advance();
+      (void)pair.client_b().context(0).advance();
+    }
+    CHECK(seen == 2);
   }
 }
