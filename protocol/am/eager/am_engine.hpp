@@ -327,6 +327,7 @@ class AmEngine final : public device::PacketSink {
   // unknown one).
   Dispatch handler_for(std::uint16_t id) const { return id < kMaxDispatch ? dispatch_[id] : Dispatch{}; }
   void on_first(Peer& peer, const wire::PacketView& v);
+  [[gnu::noinline]] void on_first_long(Peer& peer, const wire::PacketView& v, bool rndv);
   void on_more(Peer& peer, const wire::PacketView& v);
   void on_ack(Peer& peer, const wire::PacketView& v);
   void answer(Request& r, std::uint16_t flags);

@@ -197,12 +197,23 @@ void AmEngine::end_previous(Peer& peer) {
 
 void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {
   begin_message(peer);
-  Reassembly& rx = peer.rx;
-  // Made only for a message that names its buffer: a whole small message
-  // does not pay for zeroing a remote key.
-  std::optional<wire::RendezvousInfo> named;
   const bool rndv = (v.header.flags & wire::kRendezvous) != 0;
-  if (rndv && !wire::RendezvousInfo::decode(v.rendezvous, v.header.total_len, named.emplace())) {
+  if (!rndv && v.payload.size() == v.header.total_len) {  // whole, names no buffer: the short path
+    ++stats_.messages_received;
+    stats_.bytes_received += v.payload.size();
+    deliver_whole(peer, v.header.dispatch, v.user_header, v.payload, v.header.offset,
+                  (v.header.flags & wire::kWantsRemoteDone) != 0);
+    return;
+  }
+  on_first_long(peer, v, rndv);
+}
+
+// A first packet that names its buffer or has more to come. (Apart from
+// on_first(): its remote key is not made, nor zeroed, on the short path.)
+void AmEngine::on_first_long(Peer& peer, const wire::PacketView& v, bool rndv) {
+  Reassembly& rx = peer.rx;
+  wire::RendezvousInfo named;
+  if (rndv && !wire::RendezvousInfo::decode(v.rendezvous, v.header.total_len, named)) {
     count_malformed(kBadRendezvous);
     return;  // (not answered: what its sender could do with the answer is unknown)
   }
@@ -222,7 +233,7 @@ void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {
     // Dropped as it comes (or stopped: nobody wants it); acked at the end.
     rx = Reassembly{.active = true, .message_id = v.header.message_id, .ack_seq = seq,
                     .total = v.header.total_len, .received = v.payload.size(), .wants_remote_done = wants_answer,
-                    .answer_flags = wire::kDispatchMissing, .rndv = rndv, .source = named ? *named : wire::RendezvousInfo{}};
+                    .answer_flags = wire::kDispatchMissing, .rndv = rndv, .source = named};
     if (rndv) consider_stop(peer);
     return;
   }
@@ -241,7 +252,7 @@ void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {
                   .rndv = rndv, .zero_copy = recv.zero_copy, .memory = recv.memory, .defer = defer,
                   .piece = recv.buffer == nullptr && defer == nullptr ? recv.piece : nullptr,
                   .piece_cookie = recv.piece_cookie,
-                  .source = named ? *named : wire::RendezvousInfo{}};
+                  .source = named};
   if (rx.piece != nullptr)
     rx.piece(rx.piece_cookie, 0, v.payload);
   else if (rx.buffer != nullptr)
