@@ -272,8 +272,7 @@ void OfiDevice::on_entry(const fi_cq_data_entry& e, device::PacketSink& sink) {
   mark_done(lane, op->n);
 }
 
-void OfiDevice::on_error(device::PacketSink& sink) {
-  (void)sink;
+void OfiDevice::on_error() {
   fi_cq_err_entry err{};
   if (fi_cq_readerr(ep_.cq.get(), &err, 0) != 1) return;
   char text[256];
@@ -291,9 +290,8 @@ void OfiDevice::on_error(device::PacketSink& sink) {
   const std::uint64_t n = op->n;
   const bool rdma = n >= lane.retired_ && n < lane.posted_ &&
                     lane.fifo().at(n).kind != device::DescriptorKind::packet;
-  log("context %u to task %u context %u: operation %llu failed: %s (%s)%s", context_, lane.peer().task,
-      lane.peer().context, static_cast<unsigned long long>(n), fi_strerror(err.err), what != nullptr ? what : "",
-      "; failing the lane");
+  log("context %u to task %u context %u: operation %llu failed: %s (%s)", context_, lane.peer().task,
+      lane.peer().context, static_cast<unsigned long long>(n), fi_strerror(err.err), what != nullptr ? what : "");
   // (An I/O error of a PUT or GET is the peer refusing it: verbs;ofi_rxm
   // reports a remote access error so.)
   const bool peer_lost = status == StatusCode::peer_failed && !(rdma && err.err == FI_EIO);
@@ -454,7 +452,7 @@ std::size_t OfiDevice::progress(device::PacketSink& sink, std::size_t budget) {
   while (read < budget) {
     const ssize_t n = fi_cq_read(ep_.cq.get(), e, std::min<std::size_t>(kReadBatch, budget - read));
     if (n == -FI_EAVAIL) {
-      on_error(sink);
+      on_error();
       ++read;
       continue;
     }

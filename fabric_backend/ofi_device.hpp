@@ -155,7 +155,7 @@ class OfiDevice final : public device::Device {
   void post_failed(OfiLane& lane, const char* call, long rc);
   void break_lane(OfiLane& lane, Status why);
   void on_entry(const fi_cq_data_entry& e, device::PacketSink& sink);
-  void on_error(device::PacketSink& sink);
+  void on_error();
   void on_packet(std::uint64_t data, const std::byte* bytes, std::size_t length, device::PacketSink& sink);
   void deliver(Endpoint origin, std::uint8_t flags, std::uint32_t immediate, std::span<const std::byte> rest,
                device::PacketSink& sink);

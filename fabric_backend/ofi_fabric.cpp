@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "ami/device/log.hpp"
 #include "ami/error.hpp"
 #include "ofi_config.hpp"
 #include "ofi_wire.hpp"
@@ -23,12 +24,10 @@ void FiClose::operator()(fid* f) const {
 }
 
 void log(const char* format, ...) {
-  char line[512];
   va_list args;
   va_start(args, format);
-  std::vsnprintf(line, sizeof line, format, args);
+  device::vlog("ofi", format, args);
   va_end(args);
-  std::fprintf(stderr, "ami: ofi: %s\n", line);
 }
 
 OfiOptions OfiOptions::from(const Config& c) {
@@ -230,8 +229,9 @@ OfiFabric::OfiFabric(std::uint32_t task, std::uint32_t tasks, std::uint16_t cont
   facts_.cq_data = info_->domain_attr->cq_data_size;
   facts_.mr_mode = info_->domain_attr->mr_mode;
   facts_.msg_order = info_->tx_attr->msg_order;
-  facts_.mr_local = options.mr_local.value_or((facts_.mr_mode & FI_MR_LOCAL) != 0) ||
-                    (facts_.mr_mode & FI_MR_LOCAL) != 0 || facts_.iov_limit < 3;
+  // A provider that asks for FI_MR_LOCAL, or gathers fewer than three
+  // pieces, gets sends from registered memory whatever the option says.
+  facts_.mr_local = options.mr_local.value_or(false) || (facts_.mr_mode & FI_MR_LOCAL) != 0 || facts_.iov_limit < 3;
   facts_.ordered = options.ordered && ordered(info_.get());
   if (facts_.max_msg < 1024) throw Error("ofi: " + facts_.name + " carries messages of at most " +
                                          std::to_string(facts_.max_msg) + " bytes");

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "ami/device/log.hpp"
 #include "ami/error.hpp"
 
 namespace ami::verbs {
@@ -17,12 +18,10 @@ void require(int rc, const std::string& call) {
 }
 
 void log(const char* format, ...) {
-  char line[512];
   va_list args;
   va_start(args, format);
-  std::vsnprintf(line, sizeof line, format, args);
+  device::vlog("verbs", format, args);
   va_end(args);
-  std::fprintf(stderr, "ami: verbs: %s\n", line);
 }
 
 void log_qp(const ibv_qp* qp, const char* what, int err) {

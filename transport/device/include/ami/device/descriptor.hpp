@@ -25,8 +25,9 @@ inline constexpr std::size_t kPacketInlineBytes = 320;
 enum class DescriptorKind : std::uint8_t { packet, put, get };
 
 struct PacketDescriptor {
-  // The fields a device reads for every packet come first, in one 16-byte
-  // line with the start of inline_data's cache line.
+  // The fields a device reads for every packet come first (12 bytes);
+  // the payload's place and keys, read only for a packet that has a
+  // payload outside inline_data, follow.
   std::uint16_t inline_len = 0;
   // The packet's compact form, for a device that carries a 32-bit immediate
   // with a packet (verbs: SEND with immediate): it may leave out the first
