@@ -335,13 +335,15 @@ report() {
   echo
   local peer_target=1
   [[ $where == rxe ]] && peer_target=0
-  echo "# bandwidth [MiB/s], medians of $ROUNDS interleaved rounds; ratios: auto/other"
+  echo "# bandwidth [MiB/s]: auto and best_fixed are best rounds of $ROUNDS interleaved ones; auto/best of"
+  echo "# those, median: of the rounds' ratios, auto/${peers[0]}: median of the rounds' ratios (auto/other)"
   table bw "$OUT_DIR/rndv_sweep_${where}_bw.dat" "$peer_target" "${peers[@]}"
   echo
   echo "# the medians by mode and system (bandwidth [MiB/s])"
   cat "$OUT_DIR/rndv_sweep_${where}_bw.dat"
   echo
-  echo "# latency [usec], medians of $ROUNDS interleaved rounds; ratios: other/auto"
+  echo "# latency [usec]: auto and best_fixed are best rounds of $ROUNDS interleaved ones; auto/best of"
+  echo "# those, median: of the rounds' ratios, auto/${peers[0]}: median of the rounds' ratios (other/auto)"
   table lat "$OUT_DIR/rndv_sweep_${where}_lat.dat" 0 "${peers[@]}"
   echo
   echo "# the medians by mode and system (latency [usec])"
@@ -412,12 +414,19 @@ rxe_vm_main() {
   report rxe perftest
 }
 
-if [[ ${1:-} == --in-vm ]]; then
-  shift
-  [[ ${RXE_VM:-} == 1 ]] || { echo "rndv_sweep: --in-vm is for the soft-RoCE VM" >&2; exit 2; }
-  rxe_vm_main "$@"
-elif ((RXE)); then
-  rxe_host_main
-else
-  shm_main
-fi
+main() {
+  if [[ ${1:-} == --in-vm ]]; then
+    shift
+    [[ ${RXE_VM:-} == 1 ]] || { echo "rndv_sweep: --in-vm is for the soft-RoCE VM" >&2; exit 2; }
+    rxe_vm_main "$@"
+  elif ((RXE)); then
+    rxe_host_main
+  else
+    shm_main
+  fi
+}
+
+# One line that bash has read whole before the run starts: a sweep takes an
+# hour, and bash reads a script as it goes, so an edit of this file during a
+# run must find nothing left to read.
+main "$@"; exit $?

@@ -1,7 +1,6 @@
 // protocol/am/eager/am_receive.cpp — the receive side: validating arrivals,
 // dispatching, eager reassembly, acks; and the advance loop.
 #include <cstring>
-#include <optional>
 
 #include "am_engine.hpp"
 
