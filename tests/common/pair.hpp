@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "ami/ami.hpp"
+#include "ports.hpp"
 
 namespace test {
 
@@ -24,12 +25,6 @@ inline ami::Config config_with(std::initializer_list<std::pair<const char*, std:
   ami::Config c;
   for (auto& [k, v] : values) REQUIRE(c.set(k, v).ok());
   return c;
-}
-
-inline std::uint16_t free_port() {
-  boost::asio::io_context io;
-  boost::asio::ip::tcp::acceptor acc(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
-  return acc.local_endpoint().port();
 }
 
 struct SelfPair {

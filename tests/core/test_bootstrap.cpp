@@ -33,6 +33,7 @@
 
 #include "ami/error.hpp"
 #include "bootstrap.hpp"
+#include "ports.hpp"
 
 using namespace std::chrono_literals;
 using ami::bootstrap::Blob;
@@ -57,11 +58,7 @@ enum Verdict : std::uint32_t {
 };
 const std::string kKey = "test job key";
 
-std::uint16_t free_port() {
-  asio::io_context io;
-  tcp::acceptor acceptor(io, {asio::ip::make_address("127.0.0.1"), 0});
-  return acceptor.local_endpoint().port();
-}
+using test::free_port;
 
 Options options(std::uint32_t rank, std::uint32_t size, std::uint16_t port,
                 std::chrono::milliseconds timeout = 5000ms) {
