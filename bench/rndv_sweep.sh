@@ -21,9 +21,10 @@
 # Server on core 0, client on core 1 (ami's --local pins them so; UCX by
 # taskset). A round runs every size, and at each size every system one
 # after the other (the modes in an order each round rotates); ROUNDS
-# rounds. Figures are medians over the rounds; ratios are medians of each
-# round's ratio (its runs lie seconds apart, so load that comes and goes
-# touches both sides of a ratio alike).
+# rounds. The .dat tables and plots hold medians over the rounds; the
+# verdict table below uses best rounds and medians of each round's ratio
+# (its runs lie seconds apart, so load that comes and goes touches both
+# sides of a ratio alike).
 # Bandwidth: MiB/s, average (ami's "BW average", UCX's "overall").
 # Latency: usec, one way (ami's t_typical, UCX's 50%ile, perftest's t_typical).
 #
