@@ -29,12 +29,15 @@ Status completion_status(int err) {
     case FI_ESHUTDOWN:
     case FI_EADDRNOTAVAIL:
       return {StatusCode::peer_failed, "ofi: the provider lost the peer (see the log)"};
+    case FI_ECANCELED:
+      // ami cancels nothing: this is the provider flushing what was queued
+      // on a connection that broke (verbs;ofi_rxm: Work Request Flushed
+      // Error), which the verbs backend reports as the peer's failure too.
+      return {StatusCode::peer_failed, "ofi: the provider flushed the operation (its connection broke)"};
     case FI_EACCES:
     case FI_EPERM:
     case FI_EKEYREJECTED:
       return {StatusCode::remote_access, "ofi: the peer refused the remote access (see the log)"};
-    case FI_ECANCELED:
-      return {StatusCode::canceled, "ofi: the provider canceled the operation"};
     default:
       return {StatusCode::device_error, "ofi: the provider failed the operation (see the log)"};
   }
