@@ -33,6 +33,7 @@ Status completion_status(int err) {
       // ami cancels nothing: this is the provider flushing what was queued
       // on a connection that broke (verbs;ofi_rxm: Work Request Flushed
       // Error), which the verbs backend reports as the peer's failure too.
+      // (A PUT or GET so ended is taken as refused: see on_error().)
       return {StatusCode::peer_failed, "ofi: the provider flushed the operation (its connection broke)"};
     case FI_EACCES:
     case FI_EPERM:
@@ -296,8 +297,9 @@ void OfiDevice::on_error() {
   log("context %u to task %u context %u: operation %llu failed: %s (%s)", context_, lane.peer().task,
       lane.peer().context, static_cast<unsigned long long>(n), fi_strerror(err.err), what != nullptr ? what : "");
   // (An I/O error of a PUT or GET is the peer refusing it: verbs;ofi_rxm
-  // reports a remote access error so.)
-  const bool peer_lost = status == StatusCode::peer_failed && !(rdma && err.err == FI_EIO);
+  // reports a remote access error so; tcp;ofi_rxm cancels it.)
+  const bool refused = rdma && (err.err == FI_EIO || err.err == FI_ECANCELED);
+  const bool peer_lost = status == StatusCode::peer_failed && !refused;
   if (peer_lost || !rdma) return break_lane(lane, status);
   // A PUT or GET the peer refused gets its own status; the lane ends after
   // it, as an RC queue pair does on verbs (and tcp;ofi_rxm drops the
