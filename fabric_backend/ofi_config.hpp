@@ -14,8 +14,9 @@ inline constexpr ParamSpec kParams[] = {
      "nor the deprecated sockets and udp;ofi_rxd)."},
     // At least 1 KiB: a packet holds a descriptor's inline bytes (320) and the backend's header.
     {"AMI_OFI_PACKET_SIZE", "auto", ParamType::power_of_two, 1024, 1u << 20,
-     "Largest packet over libfabric, in bytes (a power of two from 1 KiB to 1 MiB; at most the "
-     "provider's largest message): larger messages go in several, or by the rendezvous. auto: "
+     "Bytes of message a packet over libfabric carries (a power of two from 1 KiB to 1 MiB; at most "
+     "the provider's largest message), with 64 bytes more for the protocol's headers: larger "
+     "messages go in several, or by the rendezvous. auto: "
      "64 KiB on shm (one copy by CMA carries a packet of any size), 8 KiB elsewhere.", true},
     {"AMI_OFI_RECV_BUFFERS", "4", ParamType::unsigned_int, 2, 1024,
      "Multi-receive buffers each context keeps posted (FI_MULTI_RECV); one is re-posted as soon as the "

@@ -74,10 +74,12 @@ OfiDevice::Step OfiDevice::send_packet(OfiLane& lane, std::uint64_t n, const dev
   }
   const std::uint32_t slot = static_cast<std::uint32_t>(n & (fifo_depth_ - 1));
   const std::size_t skip = compact_ && p.compact_prefix != 0 && p.compact_prefix <= p.inline_len ? p.compact_prefix : 0;
-  PacketHeader& h = lane.headers_[slot];
-  h = PacketHeader{.seq = lane.seq_, .flags = skip != 0 ? kCompact : std::uint8_t{0}};
-  const std::uint64_t data = origin_ | (skip != 0 ? std::uint64_t{p.immediate} << 32 : 0);
-  const std::size_t total = kHeaderBytes + p.inline_len - skip + p.payload_len;
+  const std::size_t head = sequenced_ ? kHeaderBytes : 0;
+  SequenceHeader& h = lane.headers_[slot];
+  h = SequenceHeader{.seq = lane.seq_};
+  const std::uint64_t data = origin_ | (sequenced_ ? kSequenced : 0) |
+                             (skip != 0 ? kCompact | std::uint64_t{p.immediate} << 32 : 0);
+  const std::size_t total = head + p.inline_len - skip + p.payload_len;
 
   iovec iov[3];
   void* desc[3] = {nullptr, nullptr, nullptr};
@@ -93,30 +95,32 @@ OfiDevice::Step OfiDevice::send_packet(OfiLane& lane, std::uint64_t n, const dev
     staged = staging_free_.back();
     staging_free_.pop_back();
     std::byte* b = staging_memory_.get() + std::size_t(staged) * (max_packet_ + kHeaderBytes);
-    std::memcpy(b, &h, kHeaderBytes);
-    std::memcpy(b + kHeaderBytes, p.inline_data + skip, p.inline_len - skip);
-    if (p.payload_len != 0) std::memcpy(b + kHeaderBytes + p.inline_len - skip, p.payload, p.payload_len);
+    std::memcpy(b, &h, head);
+    std::memcpy(b + head, p.inline_data + skip, p.inline_len - skip);
+    if (p.payload_len != 0) std::memcpy(b + head + p.inline_len - skip, p.payload, p.payload_len);
     iov[0] = {b, total};
     desc[0] = staging_desc_;
     count = 1;
   } else {
-    iov[0] = {&h, kHeaderBytes};
-    iov[1] = {const_cast<std::byte*>(p.inline_data) + skip, p.inline_len - skip};
-    count = 2;
+    if (head != 0) iov[count++] = {&h, head};
+    if (p.inline_len != skip) iov[count++] = {const_cast<std::byte*>(p.inline_data) + skip, p.inline_len - skip};
     if (p.payload_len != 0) {
-      iov[2] = {const_cast<std::byte*>(p.payload), p.payload_len};
-      if (p.payload_keyed) desc[2] = reinterpret_cast<void*>(p.payload_keys[key_id_]);
-      count = 3;
+      if (p.payload_keyed) desc[count] = reinterpret_cast<void*>(p.payload_keys[key_id_]);
+      iov[count++] = {const_cast<std::byte*>(p.payload), p.payload_len};
     }
   }
-  const bool inject = total <= inject_;
+  // A packet that paces a rendezvous completes when delivered: an injected
+  // one would complete at once, and the sender would stream on while the
+  // receiver's stop is on its way.
+  const bool inject = total <= inject_ && !p.await_delivery;
   const bool entry = !inject || lane.fifo().has_callback(n);
   OpContext& op = lane.ops_[slot];
   op.n = n;
   const fi_msg msg{.msg_iov = iov, .desc = desc, .iov_count = count, .addr = lane.address_, .context = &op,
                    .data = data};
   const ssize_t rc = fi_sendmsg(ep_.ep.get(), &msg,
-                                FI_REMOTE_CQ_DATA | (inject ? FI_INJECT : 0) | (entry ? FI_COMPLETION : 0));
+                                FI_REMOTE_CQ_DATA | (inject ? FI_INJECT : 0) | (entry ? FI_COMPLETION : 0) |
+                                    (p.await_delivery ? FI_DELIVERY_COMPLETE : 0));
   if (rc == -FI_EAGAIN) {
     if (staged >= 0) staging_free_.push_back(staged);
     ++counters_.again;
@@ -129,7 +133,7 @@ OfiDevice::Step OfiDevice::send_packet(OfiLane& lane, std::uint64_t n, const dev
     return Step::failed;
   }
   ++ops_posted_;
-  ++lane.seq_;
+  lane.seq_ += sequenced_ ? 1 : 0;
   ++lane.posted_;
   ++counters_.packets_sent;
   if (skip != 0) ++counters_.compact_sent;
@@ -259,12 +263,12 @@ void OfiDevice::on_entry(const fi_cq_data_entry& e, device::PacketSink& sink) {
   // A receive buffer's entries: a packet, or (FI_MULTI_RECV, maybe alone in
   // an entry of its own) the buffer handed back.
   if ((e.flags & (FI_RECV | FI_MULTI_RECV)) != 0 || (op != nullptr && op->lane == nullptr)) {
-    if ((e.flags & FI_RECV) && e.len != 0) {
-      if (e.flags & FI_REMOTE_CQ_DATA)
-        on_packet(e.data, static_cast<const std::byte*>(e.buf), e.len, sink);
-      else
-        ++counters_.dropped;
-    }
+    // (A packet may be empty: a compact message with no payload and no
+    // sequence header is all CQ data.)
+    if (e.flags & FI_REMOTE_CQ_DATA)
+      on_packet(e.data, static_cast<const std::byte*>(e.buf), e.len, sink);
+    else if ((e.flags & FI_RECV) && e.len != 0)
+      ++counters_.dropped;
     // Handled, so the buffer may go back (packets held for order were copied).
     if ((e.flags & FI_MULTI_RECV) && op != nullptr) post_receive(static_cast<std::uint32_t>(op->n));
     return;
@@ -312,26 +316,34 @@ void OfiDevice::on_error() {
   break_lane(lane, kBrokeAfter);
 }
 
-// Untrusted: the origin must be a peer context this task knows, the header
-// whole, the sequence number one not yet seen.
+// Untrusted: the origin must be a peer context this task knows, the flags
+// consistent, a sequence header whole and its number one not yet seen.
 void OfiDevice::on_packet(std::uint64_t data, const std::byte* bytes, std::size_t length,
                           device::PacketSink& sink) {
   const auto word = static_cast<std::uint32_t>(data);
+  const std::uint32_t flags = word & kFlags;
+  const std::size_t head = (flags & kSequenced) != 0 ? kHeaderBytes : 0;
+  const auto immediate = static_cast<std::uint32_t>(data >> 32);
   const Endpoint origin{origin_task(word), origin_context(word)};
   Inbound* in = inbound(origin);
-  PacketHeader h;
-  if (in == nullptr || length < kHeaderBytes || length > kHeaderBytes + max_packet_) {
+  if (in == nullptr || length < head || length > head + max_packet_ || ((flags & kCompact) != 0 && !compact_) ||
+      ((flags & kCompact) == 0 && immediate != 0)) {
     ++counters_.dropped;
     return;
   }
+  if (head == 0) {
+    ++counters_.packets_received;
+    ++backlog_;
+    return deliver(origin, flags, immediate, {bytes, length}, sink);
+  }
+  SequenceHeader h;
   std::memcpy(&h, bytes, kHeaderBytes);
-  if ((h.flags & ~kCompact) != 0 || ((h.flags & kCompact) != 0 && !compact_)) {
+  if (h.reserved != 0) {
     ++counters_.dropped;
     return;
   }
   ++counters_.packets_received;
   ++backlog_;
-  const auto immediate = static_cast<std::uint32_t>(data >> 32);
   const std::span<const std::byte> rest{bytes + kHeaderBytes, length - kHeaderBytes};
   if (h.seq != in->expected) {
     // Ahead of the next one due: kept until the gap is filled. Behind it:
@@ -342,10 +354,10 @@ void OfiDevice::on_packet(std::uint64_t data, const std::byte* bytes, std::size_
       return;
     }
     ++counters_.reordered;
-    in->held.push_back({h.seq, h.flags, immediate, {rest.begin(), rest.end()}});
+    in->held.push_back({h.seq, flags, immediate, {rest.begin(), rest.end()}});
     return;
   }
-  deliver(origin, h.flags, immediate, rest, sink);
+  deliver(origin, flags, immediate, rest, sink);
   ++in->expected;
   while (!in->held.empty()) {
     auto next = std::find_if(in->held.begin(), in->held.end(), [in](const Held& x) { return x.seq == in->expected; });
@@ -357,7 +369,7 @@ void OfiDevice::on_packet(std::uint64_t data, const std::byte* bytes, std::size_
   }
 }
 
-void OfiDevice::deliver(Endpoint origin, std::uint8_t flags, std::uint32_t immediate,
+void OfiDevice::deliver(Endpoint origin, std::uint32_t flags, std::uint32_t immediate,
                         std::span<const std::byte> rest, device::PacketSink& sink) {
   if (flags & kCompact)
     sink.on_compact_packet(origin, immediate, rest);

@@ -20,7 +20,7 @@ OfiLane::OfiLane(OfiDevice& device, Endpoint peer, fi_addr_t address, std::uint3
       ops_(std::make_unique<OpContext[]>(fifo_depth)),
       done_(std::make_unique<std::uint8_t[]>(fifo_depth)),
       staging_(std::make_unique<std::int32_t[]>(fifo_depth)),
-      headers_(std::make_unique<PacketHeader[]>(fifo_depth)),
+      headers_(std::make_unique<SequenceHeader[]>(fifo_depth)),
       refused_status_(std::make_unique<Status[]>(fifo_depth)) {
   std::fill_n(staging_.get(), fifo_depth, -1);
   for (std::uint32_t i = 0; i < fifo_depth; ++i) ops_[i].lane = this;
@@ -42,6 +42,7 @@ OfiDevice::OfiDevice(OfiFabric& fabric, std::uint16_t context, std::uint32_t fif
       key_id_(fabric.key_id()),
       origin_(origin_word(fabric.task(), context)),
       compact_(fabric.facts().cq_data >= 8),
+      sequenced_(!fabric.facts().receives_in_order),
       mr_local_(fabric.facts().mr_local),
       virt_addr_((fabric.facts().mr_mode & FI_MR_VIRT_ADDR) != 0),
       inject_(fabric.facts().inject),

@@ -16,9 +16,10 @@
 // marked done when its entry comes, and the transfer counter moves over the
 // run of done slots at its front, so it stays per lane and in order.
 //
-// Packets carry the backend's header (ofi_wire.hpp): the receiver puts each
-// origin's packets back in the order sent where the provider completes
-// receives out of order. Receives land in FI_MULTI_RECV buffers, each
+// Where the provider may complete receives out of order, packets carry a
+// sequence header (ofi_wire.hpp) and the receiver puts each origin's packets
+// back in the order sent; elsewhere they carry nothing of the backend's but
+// the CQ data. Receives land in FI_MULTI_RECV buffers, each
 // re-posted once the provider released it (FI_MULTI_RECV in an entry).
 //
 // -FI_EAGAIN (rxm connecting, a full queue) leaves the descriptor in the
@@ -60,6 +61,10 @@ class OfiLane final : public device::Lane {
 
   std::size_t max_packet() const override;
   bool ordered() const override;
+  // Unordered: a PUT asks for FI_DELIVERY_COMPLETE (a round trip more on
+  // tcp;ofi_rxm, a slower path on shm: 1 MiB ping-pongs took 2x as long
+  // with PUTs there).
+  bool get_beats_put() const override { return !ordered(); }
   std::uint64_t max_rdma() const override;
   // Posts every committed descriptor it can; never runs callbacks.
   void ring() override;
@@ -75,12 +80,12 @@ class OfiLane final : public device::Lane {
   std::unique_ptr<OpContext[]> ops_;              // per slot
   std::unique_ptr<std::uint8_t[]> done_;          // per slot: its operation completed
   std::unique_ptr<std::int32_t[]> staging_;       // per slot: the staging packet it holds, or -1
-  std::unique_ptr<PacketHeader[]> headers_;       // per slot: a packet's header is sent from here
+  std::unique_ptr<SequenceHeader[]> headers_;     // per slot: a packet's sequence header is sent from here
   std::unique_ptr<Status[]> refused_status_;      // per slot: why the device refused it
   std::vector<std::uint64_t> refused_;            // slots to fail in their turn, oldest first
   std::uint64_t posted_ = 0;   // descriptors below this went to the provider (or were refused)
   std::uint64_t retired_ = 0;  // the transfer counter: every slot below is done
-  std::uint16_t seq_ = 0;      // the next packet's sequence number
+  std::uint16_t seq_ = 0;      // the next sequenced packet's number
   std::uint64_t stall_mark_ = 0;    // retired_ when the stall watch last looked
   std::int64_t stall_since_ = 0;    // since when retired_ has stayed there with operations outstanding
   bool broken_ = false;
@@ -133,7 +138,7 @@ class OfiDevice final : public device::Device {
 
   struct Held {
     std::uint16_t seq;
-    std::uint8_t flags;
+    std::uint32_t flags;  // the CQ data's (kFlags)
     std::uint32_t immediate;
     std::vector<std::byte> bytes;  // after the header
   };
@@ -157,7 +162,7 @@ class OfiDevice final : public device::Device {
   void on_entry(const fi_cq_data_entry& e, device::PacketSink& sink);
   void on_error();
   void on_packet(std::uint64_t data, const std::byte* bytes, std::size_t length, device::PacketSink& sink);
-  void deliver(Endpoint origin, std::uint8_t flags, std::uint32_t immediate, std::span<const std::byte> rest,
+  void deliver(Endpoint origin, std::uint32_t flags, std::uint32_t immediate, std::span<const std::byte> rest,
                device::PacketSink& sink);
   Inbound* inbound(Endpoint origin);
   void post_receive(std::uint32_t buffer);
@@ -172,6 +177,7 @@ class OfiDevice final : public device::Device {
   std::uint8_t key_id_;
   std::uint64_t origin_;  // this context's origin word, the low half of every packet's CQ data
   bool compact_;          // 8 bytes of CQ data: the short header may travel there
+  bool sequenced_;        // packets carry a SequenceHeader (the provider may complete receives out of order)
   bool mr_local_;
   bool virt_addr_;
   std::size_t inject_;

@@ -207,7 +207,7 @@ std::string OfiFabric::inventory() {
 OfiFabric::OfiFabric(std::uint32_t task, std::uint32_t tasks, std::uint16_t contexts, const OfiOptions& options,
                      std::uint8_t key_id)
     : task_(task), tasks_(tasks), contexts_(contexts), options_(options), key_id_(key_id) {
-  if (tasks > kMaxTasks) throw Error("ofi: a job of more than 2^24 tasks");
+  if (tasks > kMaxTasks) throw Error("ofi: a job of more than 2^22 tasks");
   set_universe(tasks);
   int rc = 0;
   InfoOwner list = query(options.provider, &rc);
@@ -233,10 +233,11 @@ OfiFabric::OfiFabric(std::uint32_t task, std::uint32_t tasks, std::uint16_t cont
   // pieces, gets sends from registered memory whatever the option says.
   facts_.mr_local = options.mr_local.value_or(false) || (facts_.mr_mode & FI_MR_LOCAL) != 0 || facts_.iov_limit < 3;
   facts_.ordered = options.ordered && ordered(info_.get());
+  facts_.receives_in_order = options.ordered && (info_->rx_attr->comp_order & FI_ORDER_STRICT) != 0;
   if (facts_.max_msg < 1024) throw Error("ofi: " + facts_.name + " carries messages of at most " +
                                          std::to_string(facts_.max_msg) + " bytes");
   const std::uint32_t wanted = options.packet_bytes.value_or(facts_.name == "shm" ? 65536 : 8192);
-  packet_bytes_ = static_cast<std::uint32_t>(std::min<std::uint64_t>(wanted, facts_.max_msg));
+  packet_bytes_ = static_cast<std::uint32_t>(std::min<std::uint64_t>(wanted, facts_.max_msg - kHeadroom - kHeaderBytes));
   if (options.recv_buffer_bytes < std::uint64_t{8} * packet_bytes_)
     throw Error("ofi: AMI_OFI_RECV_BUFFER_SIZE holds fewer than 8 packets of AMI_OFI_PACKET_SIZE");
 
@@ -294,7 +295,7 @@ void OfiFabric::open_endpoint(std::uint16_t context) {
   if (enabled == -FI_EBUSY && facts_.name == "shm") enabled = fi_enable(ep);
   require(enabled, "fi_enable");
   // After fi_enable: shm's endpoint has nothing to set it on before.
-  const std::size_t min_free = std::size_t{packet_bytes_} + kHeaderBytes;
+  const std::size_t min_free = std::size_t{max_packet()} + kHeaderBytes;
   require(fi_setopt(&ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &min_free, sizeof min_free),
           "fi_setopt(FI_OPT_MIN_MULTI_RECV)");
   std::size_t len = 64;
@@ -414,7 +415,7 @@ std::string OfiFabric::describe() const {
                     " B, mr_mode [" + mr_text + "]" +
                     (facts_.mr_local ? ", sends from registered memory" : "") + ", order [" +
                     order + "] (" + (facts_.ordered ? "fence by message" : "fence by flush") +
-                    ")";
+                    (facts_.receives_in_order ? ", receives in order" : ", receives reordered by sequence") + ")";
   return out;
 }
 

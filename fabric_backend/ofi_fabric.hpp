@@ -30,6 +30,7 @@
 
 #include "ami/config.hpp"
 #include "ami/status.hpp"
+#include "ofi_wire.hpp"
 
 namespace ami::ofi {
 
@@ -87,6 +88,10 @@ struct ProviderFacts {
   // Packets after a PUT (and PUTs after packets) arrive in the order sent:
   // the lane is ordered() and a fence is one message.
   bool ordered = false;
+  // The provider completes receives in the order their sends were posted
+  // (rx comp_order FI_ORDER_STRICT, and AMI_OFI_ORDERED not off): packets
+  // need no sequence header (ofi_wire.hpp).
+  bool receives_in_order = false;
 };
 
 // One context's endpoint and the objects bound to it. Members in creation
@@ -128,7 +133,9 @@ class OfiFabric {
   std::uint8_t key_id() const { return key_id_; }
   std::uint32_t task() const { return task_; }
   std::uint32_t tasks() const { return tasks_; }
-  std::uint32_t max_packet() const { return packet_bytes_; }
+  // The largest packet a lane sends: AMI_OFI_PACKET_SIZE and room for the
+  // protocol's headers (kHeadroom); a sequence header may come on top.
+  std::uint32_t max_packet() const { return packet_bytes_ + kHeadroom; }
 
   // This task's entry in its address blob: the provider's name and one
   // endpoint name per context.

@@ -1,16 +1,21 @@
 // fabric_backend/ofi_wire.hpp — what the libfabric backend itself puts on
-// the wire: the header in front of every packet, the 32 bits of CQ data
-// that name its origin, and the task's entry in the address blob.
+// the wire: the 32 bits of CQ data that name a packet's origin and its form,
+// the sequence header some packets carry, and the task's entry in the
+// address blob.
 //
-// Every packet is [header][the protocol's bytes]. The header carries the
-// lane's sequence number, so that a receiver restores each origin's order
-// where the provider completes receives out of order, and a flag for the
-// compact form (the packet's short header then travels as the upper 32
-// bits of the CQ data, where the provider carries 8 bytes of it). The
-// origin travels in the low 32 bits of the CQ data — task << 8 | context —
-// since not every provider reports a message's source (tcp;ofi_rxm has no
-// FI_SOURCE). All of it is untrusted input: a receiver drops and counts
-// what does not parse or names no peer it knows.
+// The low 32 bits of every packet's CQ data: the origin (task << 8 |
+// context), since not every provider reports a message's source (tcp;ofi_rxm
+// has no FI_SOURCE), and two flags. kCompact: the packet's short header
+// travels as the upper 32 bits of the CQ data, where the provider carries 8
+// bytes of it. kSequenced: the packet starts with a SequenceHeader, the
+// lane's count of packets, so that a receiver restores each origin's order
+// where the provider completes receives out of order (rx comp_order without
+// FI_ORDER_STRICT: tcp;ofi_rxm completes a large message after later small
+// ones). Where receives complete in order (shm) packets carry no header at
+// all: a 4096-byte message is then 4096 bytes, within shm's inject size.
+//
+// All of it is untrusted input: a receiver drops and counts what does not
+// parse or names no peer it knows.
 #pragma once
 
 #include <algorithm>
@@ -23,22 +28,28 @@
 
 namespace ami::ofi {
 
-// The origin field's split: 24 bits of task, 8 of context.
+// The origin field's split: 22 bits of task, 8 of context, 2 flags.
 inline constexpr std::uint32_t kMaxContexts = 256;
-inline constexpr std::uint32_t kMaxTasks = 1u << 24;
+inline constexpr std::uint32_t kMaxTasks = 1u << 22;
+inline constexpr std::uint32_t kCompact = 1u << 31;    // the CQ data's upper half is the short header
+inline constexpr std::uint32_t kSequenced = 1u << 30;  // a SequenceHeader leads the packet
+inline constexpr std::uint32_t kFlags = kCompact | kSequenced;
 
 inline std::uint32_t origin_word(std::uint32_t task, std::uint16_t context) { return task << 8 | context; }
-inline std::uint32_t origin_task(std::uint32_t word) { return word >> 8; }
+inline std::uint32_t origin_task(std::uint32_t word) { return (word & ~kFlags) >> 8; }
 inline std::uint16_t origin_context(std::uint32_t word) { return static_cast<std::uint16_t>(word & 0xFF); }
 
-struct PacketHeader {
-  std::uint16_t seq = 0;  // the lane's packets, counted from 0, wrapping
-  std::uint8_t flags = 0;
-  std::uint8_t reserved = 0;
+struct SequenceHeader {
+  std::uint16_t seq = 0;  // the lane's sequenced packets, counted from 0, wrapping
+  std::uint16_t reserved = 0;
 };
-static_assert(sizeof(PacketHeader) == 4);
-inline constexpr std::size_t kHeaderBytes = sizeof(PacketHeader);
-inline constexpr std::uint8_t kCompact = 1;  // the CQ data's upper half is the immediate
+static_assert(sizeof(SequenceHeader) == 4);
+inline constexpr std::size_t kHeaderBytes = sizeof(SequenceHeader);
+
+// Bytes a packet may carry beyond AMI_OFI_PACKET_SIZE: room for the
+// protocol's headers, so that a message of the packet size (64 KiB on shm,
+// one CMA copy) is still one packet.
+inline constexpr std::size_t kHeadroom = 64;
 
 // The task's entry in the address blob.
 struct AddressEntry {

@@ -281,6 +281,7 @@ bool VerbsLane::send_compact(std::uint32_t immediate, std::span<const std::byte>
   d->packet.payload_len = 0;
   d->packet.compact_prefix = 0;
   d->packet.payload_keyed = false;
+  d->packet.await_delivery = false;
   fifo.commit();
   tending_ = true;
   lane.rung_epoch_ = ring_epoch_;

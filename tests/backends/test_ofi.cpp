@@ -85,7 +85,7 @@ TEST_CASE("the provider in use, its limits and registration modes are described"
   CHECK(has(d, "mr_mode ["));
   CHECK(has(d, "fence by message"));  // rxm keeps the order ami's fence message needs
   CHECK(fabric.facts().ordered);
-  CHECK(fabric.max_packet() == 8192);
+  CHECK(fabric.max_packet() == 8192 + ami::ofi::kHeadroom);
   // The address entry: the provider, then one endpoint name per context.
   CHECK(ami::ofi::OfiFabric::provider_of(fabric.local_address()) == "tcp;ofi_rxm");
   std::vector<std::byte> cut = fabric.local_address();

@@ -45,6 +45,14 @@ TEST_CASE("stop policy: each input stops for its own reason; auto moves the rest
   d = protocol::rndv::decide([&] { auto i = in; i.zero_copy = true; return i; }());
   CHECK(d.reason == StopReason::zero_copy);
 
+  // A lane whose GET beats its PUT: auto is split_get; a mode asked for stays.
+  d = protocol::rndv::decide([&] { auto i = in; i.crossover = 4096; i.get_beats_put = true; return i; }());
+  CHECK(d.mode == wire::StopMode::split_get);
+  CHECK(d.path == StopPath::split_get);
+  CHECK(d.put_end == in.total);
+  d = protocol::rndv::decide([&] { auto i = in; i.crossover = 4096; i.get_beats_put = true; i.configured = Mode::stop_put; return i; }());
+  CHECK(d.mode == wire::StopMode::stop_put);
+
   d = protocol::rndv::decide([&] { auto i = in; i.has_buffer = false; i.configured = Mode::stop_put; return i; }());
   CHECK(d.reason == StopReason::no_buffer);
   CHECK(d.mode == wire::StopMode::discard_get);  // on the wire: drop what still comes, whatever the mode

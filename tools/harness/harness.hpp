@@ -30,6 +30,7 @@ struct Options {
   // Send tests: every measured send asks for remote_done. In the bandwidth
   // test a send leaves the window (-t) when its remote_done runs.
   bool remote_done = false;
+  bool stats = false;          // print the context's counters at the end
   std::string out_json;        // "": no JSON report
 
   // perftest's device options; each maps to an AMI_* configuration entry

@@ -57,6 +57,8 @@ void usage(Test t) {
       "      --remote_done        send tests: every measured send asks for remote_done (bandwidth:\n"
       "                           a send leaves the window when it runs); each side that sent\n"
       "                           acks prints how many messages they answered (\"# acks:\")\n"
+      "      --stats              print this side's message, packet and rendezvous counters at the end\n"
+      "                           (\"# stats:\" lines)\n"
       "      --out_json           also write the results as JSON (default file ami_out.json)\n"
       "      --out_json_file=<f>  the JSON file\n"
       "  -h, --help               this text\n\n"
@@ -105,7 +107,7 @@ const char* tool_name(Test t) {
 }
 
 bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
-  enum { kBackend = 1000, kLocal, kGbits, kJson, kJsonFile, kRemoteDone };
+  enum { kBackend = 1000, kLocal, kGbits, kJson, kJsonFile, kRemoteDone, kStats };
   static const option kLong[] = {
       {"size", required_argument, nullptr, 's'},   {"all", no_argument, nullptr, 'a'},
       {"iters", required_argument, nullptr, 'n'},  {"tx-depth", required_argument, nullptr, 't'},
@@ -116,6 +118,7 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
       {"gid-index", required_argument, nullptr, 'x'}, {"rdma_cm", no_argument, nullptr, 'R'},
       {"mtu", required_argument, nullptr, 'm'},    {"cq-mod", required_argument, nullptr, 'Q'},
       {"inline_size", required_argument, nullptr, 'I'}, {"remote_done", no_argument, nullptr, kRemoteDone},
+      {"stats", no_argument, nullptr, kStats},
       {"post_list", required_argument, nullptr, 'l'},
       {"help", no_argument, nullptr, 'h'},         {nullptr, 0, nullptr, 0}};
   o = Options{};
@@ -205,6 +208,7 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
       case kLocal: o.local = true; break;
       case kGbits: o.report_gbits = true; break;
       case kRemoteDone: o.remote_done = true; break;
+      case kStats: o.stats = true; break;
       case 'h':
         usage(test);
         help = true;

@@ -108,6 +108,27 @@ void print_acks(const AckFigures& a) {
   std::fflush(stdout);
 }
 
+void print_stats(const ContextStats& s) {
+  auto u = [](std::uint64_t v) { return static_cast<unsigned long long>(v); };
+  std::printf("# stats: messages sent %llu received %llu, packets sent %llu received %llu, puts %llu gets %llu\n",
+              u(s.messages_sent), u(s.messages_received), u(s.packets_sent), u(s.packets_received), u(s.puts),
+              u(s.gets));
+  std::printf("# stats: rendezvous: stoppable %llu, stopped %llu, whole eagerly %llu, PUT bytes %llu, GET bytes %llu, "
+              "late eager bytes %llu\n",
+              u(s.rndv_sent), u(s.rndv_stopped), u(s.rndv_eager_complete), u(s.rndv_put_bytes), u(s.rndv_get_bytes),
+              u(s.rndv_late_bytes));
+  std::string reasons, modes;
+  for (std::size_t i = 0; i < s.rndv_stops_by_reason.size(); ++i)
+    reasons += " " + std::string(stop_reason_name(i)) + " " + std::to_string(s.rndv_stops_by_reason[i]);
+  for (std::size_t i = 0; i < s.rndv_stops_by_mode.size(); ++i)
+    modes += " " + std::string(stop_mode_name(i)) + " " + std::to_string(s.rndv_stops_by_mode[i]);
+  std::printf("# stats: stops by reason:%s; by mode:%s\n", reasons.c_str(), modes.c_str());
+  std::printf("# stats: acks sent %llu received %llu, fences by message %llu by flush %llu, malformed packets %llu\n",
+              u(s.acks_sent), u(s.acks_received), u(s.fences_by_message), u(s.fences_by_flush),
+              u(s.malformed_packets));
+  std::fflush(stdout);
+}
+
 namespace {
 
 std::string_view trim(std::string_view s) {

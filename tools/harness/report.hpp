@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "ami/stats.hpp"
 #include "harness.hpp"
 
 namespace ami::tools {
@@ -41,6 +42,11 @@ struct AckFigures {
 };
 // "# acks: M messages answered by A acks (R acks per message), idle threshold T, window W"
 void print_acks(const AckFigures& a);
+
+// "# stats: ..." lines: the context's counters a reader of a benchmark
+// asks about (messages, packets, the rendezvous's stops by reason and
+// mode, acks, fences, malformed packets).
+void print_stats(const ContextStats& s);
 
 // Writes the banner facts and the rows as JSON (with nlohmann/json) to o.out_json, with the acks
 // each named side sent ("server", "client") when there are any; false

@@ -320,6 +320,7 @@ class Driver {
     std::vector<Row> rows;
     for (std::size_t size : o_.sizes) rows.push_back(measure(size));
     print_footer();
+    if (o_.stats) print_stats(c_.stats());
     std::vector<std::pair<std::string, AckFigures>> acks;
     if (o_.remote_done) acks = collect_acks();
     control(c_, peer_, {kQuit, 0, 0});

@@ -39,6 +39,7 @@ inline void finish_packet(device::Descriptor& d, std::size_t n, std::span<const 
   d.kind = device::DescriptorKind::packet;
   device::PacketDescriptor& p = d.packet;
   p.compact_prefix = 0;
+  p.await_delivery = false;
   p.payload_keyed = keys != nullptr;
   if (keys != nullptr) p.payload_keys = *keys;
   if (n + payload.size() <= device::kPacketInlineBytes) {

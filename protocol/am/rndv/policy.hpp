@@ -26,7 +26,9 @@
 // and a PUT is the sender's work. (Measured on shm, bench/rndv_sweep.sh:
 // streams of 512 B..8 KiB messages whose receiver stops some mid-message
 // for a full ring moved 20-40% more with stop_put there than with
-// split_get, which GETs by the receiver.)
+// split_get, which GETs by the receiver.) On a lane where a GET beats a
+// PUT (Lane::get_beats_put: an unordered lane, whose PUT must wait to be
+// known placed before its fin) auto is split_get.
 // A stop_put whose rest is at least split_min bytes is shared between the
 // two ends: the sender PUTs the lower half of the rest ([what it had sent,
 // put_end)) while the receiver GETs the upper half ([put_end, total)) from
@@ -66,6 +68,7 @@ struct Inputs {
   std::uint64_t crossover = 0;     // bytes
   Mode configured = Mode::automatic;
   std::uint64_t split_min = 0;     // stop_put: the smallest rest shared with a GET (0: never)
+  bool get_beats_put = false;      // the lane's (Lane::get_beats_put): automatic is then split_get
 };
 
 struct Decision {

@@ -41,6 +41,11 @@ struct PacketDescriptor {
   // send it from there (with payload_keys[its backend id]) instead of
   // copying it first. payload_keys is written only when this is true.
   bool payload_keyed = false;
+  // The protocol paces what follows by this packet's completion (a
+  // rendezvous it expects the receiver to stop): a device whose completion
+  // would otherwise mean only that the packet left (a buffered send)
+  // reports it once the packet is delivered, where it can.
+  bool await_delivery = false;
   const std::byte* payload = nullptr;  // referenced until the slot completes
   LocalKeys payload_keys{};
   alignas(8) std::byte inline_data[kPacketInlineBytes];

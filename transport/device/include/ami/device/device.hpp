@@ -66,6 +66,12 @@ class Lane {
   // of a message by GET or PUT beats more eager packets through the bounce
   // path on this lane. An input of the receiver's stop policy.
   virtual std::uint64_t rdma_crossover() const { return std::uint64_t{64} << 10; }
+  // A GET by the receiver brings a message's rest sooner than a PUT by its
+  // sender: where a PUT must wait for the target's word that it is placed
+  // before the fin may follow (an unordered lane), a GET is done when its
+  // data is in. The receiver's stop policy then prefers a GET (AMI_RNDV_MODE
+  // auto).
+  virtual bool get_beats_put() const { return false; }
   // Doorbell: descriptors up to fifo().injected() are committed. A device
   // may hold back all but the first since its last progress() or flush(),
   // to post them in one batch; flush() posts them.
