@@ -32,6 +32,10 @@ std::uint64_t OfiLane::max_rdma() const {
   return std::min<std::uint64_t>(device_.fabric_.facts().max_msg, std::uint64_t{1} << 30);
 }
 
+std::uint64_t OfiLane::rdma_crossover() const {
+  return device_.fabric_.facts().name == "shm" ? max_packet() / 2 : device::Lane::rdma_crossover();
+}
+
 void OfiLane::ring() { device_.post(*this); }
 
 OfiDevice::OfiDevice(OfiFabric& fabric, std::uint16_t context, std::uint32_t fifo_depth)

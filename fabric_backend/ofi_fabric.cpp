@@ -236,7 +236,7 @@ OfiFabric::OfiFabric(std::uint32_t task, std::uint32_t tasks, std::uint16_t cont
   facts_.receives_in_order = options.ordered && (info_->rx_attr->comp_order & FI_ORDER_STRICT) != 0;
   if (facts_.max_msg < 1024) throw Error("ofi: " + facts_.name + " carries messages of at most " +
                                          std::to_string(facts_.max_msg) + " bytes");
-  const std::uint32_t wanted = options.packet_bytes.value_or(facts_.name == "shm" ? 65536 : 8192);
+  const std::uint32_t wanted = options.packet_bytes.value_or(facts_.name == "shm" ? 32768 : 8192);
   packet_bytes_ = static_cast<std::uint32_t>(std::min<std::uint64_t>(wanted, facts_.max_msg - kHeadroom - kHeaderBytes));
   if (options.recv_buffer_bytes < std::uint64_t{8} * packet_bytes_)
     throw Error("ofi: AMI_OFI_RECV_BUFFER_SIZE holds fewer than 8 packets of AMI_OFI_PACKET_SIZE");
