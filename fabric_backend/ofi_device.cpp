@@ -17,6 +17,7 @@ OfiLane::OfiLane(OfiDevice& device, Endpoint peer, fi_addr_t address, std::uint3
     : Lane(peer, fifo_depth),
       device_(device),
       address_(address),
+      shm_(device.fabric_.facts().name == "shm"),
       ops_(std::make_unique<OpContext[]>(fifo_depth)),
       done_(std::make_unique<std::uint8_t[]>(fifo_depth)),
       staging_(std::make_unique<std::int32_t[]>(fifo_depth)),
@@ -33,7 +34,7 @@ std::uint64_t OfiLane::max_rdma() const {
 }
 
 std::uint64_t OfiLane::rdma_crossover() const {
-  return device_.fabric_.facts().name == "shm" ? max_packet() / 2 : device::Lane::rdma_crossover();
+  return shm_ ? max_packet() / 2 : device::Lane::rdma_crossover();
 }
 
 void OfiLane::ring() { device_.post(*this); }

@@ -72,6 +72,7 @@ class OfiLane final : public device::Lane {
   // stopped at its first, half a packet's rest is enough. Elsewhere the
   // default.
   std::uint64_t rdma_crossover() const override;
+  bool small_first_packet() const override { return shm_; }
   std::uint64_t max_rdma() const override;
   // Posts every committed descriptor it can; never runs callbacks.
   void ring() override;
@@ -84,6 +85,7 @@ class OfiLane final : public device::Lane {
 
   OfiDevice& device_;
   fi_addr_t address_;
+  bool shm_;  // the provider is libfabric's shm
   std::unique_ptr<OpContext[]> ops_;              // per slot
   std::unique_ptr<std::uint8_t[]> done_;          // per slot: its operation completed
   std::unique_ptr<std::int32_t[]> staging_;       // per slot: the staging packet it holds, or -1
