@@ -146,6 +146,48 @@ OfiDevice::Step OfiDevice::send_packet(OfiLane& lane, std::uint64_t n, const dev
   return Step::posted;
 }
 
+// What ring() and send_packet() would do with the packet's descriptor, from
+// the packet's parts: for an injected send on a lane with nothing unposted.
+// The FIFO slot is taken all the same, with an empty packet nothing reads.
+bool OfiDevice::send_compact(OfiLane& lane, std::uint32_t immediate, std::span<const std::byte> head,
+                             std::span<const std::byte> payload) {
+  auto& fifo = lane.fifo();
+  const std::uint64_t n = fifo.injected();
+  const std::size_t head_bytes = sequenced_ ? kHeaderBytes : 0;
+  const std::size_t total = head_bytes + head.size() + payload.size();
+  if (lane.broken_ || lane.posted_ != n || total > inject_ || head.size() + payload.size() > max_packet_) return false;
+  device::Descriptor* d = fifo.try_reserve();
+  if (d == nullptr) return false;
+  SequenceHeader& h = lane.headers_[n & (fifo_depth_ - 1)];
+  h = SequenceHeader{.seq = lane.seq_};
+  iovec iov[3];
+  std::size_t count = 0;
+  if (head_bytes != 0) iov[count++] = {&h, head_bytes};
+  if (!head.empty()) iov[count++] = {const_cast<std::byte*>(head.data()), head.size()};
+  if (!payload.empty()) iov[count++] = {const_cast<std::byte*>(payload.data()), payload.size()};
+  void* desc[3] = {nullptr, nullptr, nullptr};
+  const std::uint64_t data = origin_ | (sequenced_ ? kSequenced : 0) | kCompact | std::uint64_t{immediate} << 32;
+  const fi_msg msg{.msg_iov = iov, .desc = desc, .iov_count = count, .addr = lane.address_, .context = nullptr,
+                   .data = data};
+  if (fi_sendmsg(ep_.ep.get(), &msg, FI_REMOTE_CQ_DATA | FI_INJECT) != 0) return false;  // (the descriptor's way)
+  d->kind = device::DescriptorKind::packet;
+  d->packet.inline_len = 0;
+  d->packet.payload = nullptr;
+  d->packet.payload_len = 0;
+  d->packet.compact_prefix = 0;
+  d->packet.payload_keyed = false;
+  d->packet.await_delivery = false;
+  fifo.commit();
+  ++ops_posted_;
+  lane.seq_ += sequenced_ ? 1 : 0;
+  ++lane.posted_;
+  ++counters_.packets_sent;
+  ++counters_.compact_sent;
+  ++counters_.injected;
+  mark_done(lane, n);
+  return true;
+}
+
 OfiDevice::Step OfiDevice::rdma(OfiLane& lane, std::uint64_t n, const device::RdmaDescriptor& x, bool put) {
   static constexpr Status kNoEntry{StatusCode::remote_access, "ofi: the remote key has no ofi entry"};
   static constexpr Status kOutside{StatusCode::remote_access, "ofi: the range lies outside the remote key"};

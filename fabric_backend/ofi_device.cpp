@@ -24,6 +24,7 @@ OfiLane::OfiLane(OfiDevice& device, Endpoint peer, fi_addr_t address, std::uint3
       headers_(std::make_unique<SequenceHeader[]>(fifo_depth)),
       refused_status_(std::make_unique<Status[]>(fifo_depth)) {
   std::fill_n(staging_.get(), fifo_depth, -1);
+  sends_compact_ = device.compact_ && !device.mr_local_;
   for (std::uint32_t i = 0; i < fifo_depth; ++i) ops_[i].lane = this;
 }
 
@@ -38,6 +39,11 @@ std::uint64_t OfiLane::rdma_crossover() const {
 }
 
 void OfiLane::ring() { device_.post(*this); }
+
+bool OfiLane::send_compact(std::uint32_t immediate, std::span<const std::byte> head,
+                           std::span<const std::byte> payload) {
+  return device_.send_compact(*this, immediate, head, payload);
+}
 
 OfiDevice::OfiDevice(OfiFabric& fabric, std::uint16_t context, std::uint32_t fifo_depth)
     : fabric_(fabric),

@@ -35,6 +35,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "ami/device/device.hpp"
@@ -76,6 +77,8 @@ class OfiLane final : public device::Lane {
   std::uint64_t max_rdma() const override;
   // Posts every committed descriptor it can; never runs callbacks.
   void ring() override;
+  bool send_compact(std::uint32_t immediate, std::span<const std::byte> head,
+                    std::span<const std::byte> payload) override;
 
   bool broken() const { return broken_; }
   std::uint64_t posted() const { return posted_; }
@@ -162,6 +165,8 @@ class OfiDevice final : public device::Device {
   void post(OfiLane& lane);
   Step post_one(OfiLane& lane, std::uint64_t n);
   Step send_packet(OfiLane& lane, std::uint64_t n, const device::PacketDescriptor& p);
+  bool send_compact(OfiLane& lane, std::uint32_t immediate, std::span<const std::byte> head,
+                    std::span<const std::byte> payload);
   Step rdma(OfiLane& lane, std::uint64_t n, const device::RdmaDescriptor& x, bool put);
   void refuse(OfiLane& lane, std::uint64_t n, Status why);
   void fail_later(OfiLane& lane, std::uint64_t n, Status why);
