@@ -111,8 +111,9 @@ OfiDevice::Step OfiDevice::send_packet(OfiLane& lane, std::uint64_t n, const dev
   }
   // A packet that paces a rendezvous completes when delivered: an injected
   // one would complete at once, and the sender would stream on while the
-  // receiver's stop is on its way.
-  const bool inject = total <= inject_ && !p.await_delivery;
+  // receiver's stop is on its way. (Not on shm: see delivery_complete_.)
+  const bool delivery = p.await_delivery && delivery_complete_;
+  const bool inject = total <= inject_ && !delivery;
   const bool entry = !inject || lane.fifo().has_callback(n);
   OpContext& op = lane.ops_[slot];
   op.n = n;
@@ -120,7 +121,7 @@ OfiDevice::Step OfiDevice::send_packet(OfiLane& lane, std::uint64_t n, const dev
                    .data = data};
   const ssize_t rc = fi_sendmsg(ep_.ep.get(), &msg,
                                 FI_REMOTE_CQ_DATA | (inject ? FI_INJECT : 0) | (entry ? FI_COMPLETION : 0) |
-                                    (p.await_delivery ? FI_DELIVERY_COMPLETE : 0));
+                                    (delivery ? FI_DELIVERY_COMPLETE : 0));
   if (rc == -FI_EAGAIN) {
     if (staged >= 0) staging_free_.push_back(staged);
     ++counters_.again;

@@ -56,6 +56,7 @@ OfiDevice::OfiDevice(OfiFabric& fabric, std::uint16_t context, std::uint32_t fif
       origin_(origin_word(fabric.task(), context)),
       compact_(fabric.facts().cq_data >= 8),
       sequenced_(!fabric.facts().receives_in_order),
+      delivery_complete_(fabric.facts().name != "shm"),
       mr_local_(fabric.facts().mr_local),
       virt_addr_((fabric.facts().mr_mode & FI_MR_VIRT_ADDR) != 0),
       inject_(fabric.facts().inject),

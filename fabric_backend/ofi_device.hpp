@@ -62,9 +62,9 @@ class OfiLane final : public device::Lane {
 
   std::size_t max_packet() const override;
   bool ordered() const override;
-  // Unordered: a PUT asks for FI_DELIVERY_COMPLETE (a round trip more on
-  // tcp;ofi_rxm, a slower path on shm: 1 MiB ping-pongs took 2x as long
-  // with PUTs there).
+  // Unordered: a PUT asks for FI_DELIVERY_COMPLETE, a round trip more
+  // (1 MiB ping-pongs over tcp;ofi_rxm: 120 us by GET, 138 by PUT; over
+  // shm 43 against 89).
   bool get_beats_put() const override { return !ordered(); }
   // shm moves a packet above its inject size by a CMA copy the receiver
   // makes and answers, so a message of several such packets costs a round
@@ -198,6 +198,12 @@ class OfiDevice final : public device::Device {
   std::uint64_t origin_;  // this context's origin word, the low half of every packet's CQ data
   bool compact_;          // 8 bytes of CQ data: the short header may travel there
   bool sequenced_;        // packets carry a SequenceHeader (the provider may complete receives out of order)
+  // Packets flagged await_delivery ask for FI_DELIVERY_COMPLETE. Not on
+  // shm: libfabric 1.17's shm answers such a send through the sender's
+  // region under its lock, and a sender killed while it held that lock
+  // left the receiver spinning in fi_cq_read for good (1 in 6 kill -9
+  // tests under load; none in 8 without).
+  bool delivery_complete_;
   bool mr_local_;
   bool virt_addr_;
   std::size_t inject_;
