@@ -17,7 +17,6 @@ OfiLane::OfiLane(OfiDevice& device, Endpoint peer, fi_addr_t address, std::uint3
     : Lane(peer, fifo_depth),
       device_(device),
       address_(address),
-      shm_(device.fabric_.facts().name == "shm"),
       on_verbs_(device.fabric_.facts().name.rfind("verbs", 0) == 0),
       ops_(std::make_unique<OpContext[]>(fifo_depth)),
       done_(std::make_unique<std::uint8_t[]>(fifo_depth)),
@@ -36,7 +35,6 @@ std::uint64_t OfiLane::max_rdma() const {
 }
 
 std::uint64_t OfiLane::rdma_crossover() const {
-  if (shm_) return max_packet() / 2;
   return on_verbs_ ? 2 * max_packet() : device::Lane::rdma_crossover();
 }
 

@@ -66,11 +66,7 @@ class OfiLane final : public device::Lane {
   // (1 MiB ping-pongs over tcp;ofi_rxm: 120 us by GET, 138 by PUT; over
   // shm 43 against 89).
   bool get_beats_put() const override { return !ordered(); }
-  // shm moves a packet above its inject size by a CMA copy the receiver
-  // makes and answers, so a message of several such packets costs a round
-  // trip each (32 KiB in two packets: 11 us; in one: 4.1 us; stopped and
-  // fetched by one GET: 4.8 us): every message longer than a packet is
-  // stopped at its first, half a packet's rest is enough. Over verbs (rxm)
+  // Over verbs (rxm)
   // each packet is a send of its own, and one GET, the NIC's RDMA READ,
   // moves the rest of anything longer than two: 64 KiB streams over
   // verbs;ofi_rxm on rxe moved 2.5x as much stopped (as 8 KiB packets they
@@ -78,7 +74,6 @@ class OfiLane final : public device::Lane {
   // tcp a GET is the peer's copy too, and 32-64 KiB ping-pongs took 8-15%
   // longer stopped at two packets.
   std::uint64_t rdma_crossover() const override;
-  bool small_first_packet() const override { return shm_; }
   std::uint64_t max_rdma() const override;
   // Posts every committed descriptor it can; never runs callbacks.
   void ring() override;
@@ -93,7 +88,6 @@ class OfiLane final : public device::Lane {
 
   OfiDevice& device_;
   fi_addr_t address_;
-  bool shm_;       // the provider is libfabric's shm
   bool on_verbs_;  // its core provider is verbs: a GET is the NIC's RDMA READ
   std::unique_ptr<OpContext[]> ops_;              // per slot
   std::unique_ptr<std::uint8_t[]> done_;          // per slot: its operation completed

@@ -299,16 +299,8 @@ bool AmEngine::inject_send(Peer& peer, Request& r) {
     std::uint64_t room = lane.max_packet() - overhead;
     if (r.rndv) {
       // The packet, headers included, is the growing size: a power of two,
-      // so it fills whole MTU frames. Where eager bytes cost more than RDMA
-      // (Lane::small_first_packet), a message the receiver is expected to
-      // stop at its first packet starts from the smallest: that packet only
-      // has to bring the header, and the rest follows by RDMA.
-      bool small = false;
-      if (lane.small_first_packet()) {
-        const std::uint64_t crossover = shape_.options.rndv_crossover.value_or(lane.rdma_crossover());
-        small = r.paced || (!r.started && r.total - std::min(r.total, kFirstEager) > crossover);
-      }
-      const std::uint64_t first = small ? kFirstEager : std::max<std::uint64_t>(kFirstEager, lane.max_packet() / 4);
+      // so it fills whole MTU frames.
+      const std::uint64_t first = std::max<std::uint64_t>(kFirstEager, lane.max_packet() / 4);
       room = std::min(room, (first << std::min<std::uint32_t>(r.packets, 40)) - overhead);
     }
     const auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>(room, r.total - r.sent));

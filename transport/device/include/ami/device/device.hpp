@@ -72,14 +72,6 @@ class Lane {
   // data is in. The receiver's stop policy then prefers a GET (AMI_RNDV_MODE
   // auto).
   virtual bool get_beats_put() const { return false; }
-  // Eager bytes cost more on this lane than the RDMA that would move them
-  // (libfabric's shm: each packet above its inject size is a CMA copy the
-  // receiver answers, then a copy out of the bounce buffer): a message the
-  // receiver is expected to stop at its first packet starts with the
-  // smallest. Elsewhere (verbs, where a first packet of a quarter of the
-  // largest streams behind the stop at no cost: 1 MiB streams on rxe moved
-  // 0.63x as much when it started small) a quarter of the largest.
-  virtual bool small_first_packet() const { return false; }
   // Doorbell: descriptors up to fifo().injected() are committed. A device
   // may hold back all but the first since its last progress() or flush(),
   // to post them in one batch; flush() posts them.
