@@ -15,9 +15,10 @@ using ami::detail::store;
 
 // magic u32, version u16, method u8, link layer u8, mtu u8, rd_atomic u8,
 // lid u16, contexts u16, reserved u16, task u32, tasks u32, bounce u32,
-// gid[16], nonce u64, ip family u8, reserved u8, cm port u16, ip[16].
+// gid[16], nonce u64, ip family u8, reserved u8, cm port u16, ip[16]; then,
+// for the handshake, one UD QP number (u32) per context.
 std::vector<std::byte> DomainAddress::encode() const {
-  std::vector<std::byte> out(kFixedBytes + lanes.size() * kLaneBytes);
+  std::vector<std::byte> out(kFixedBytes + ud_qpns.size() * kUdQpnBytes);
   std::byte* p = out.data();
   store(p, kMagic);
   store(p, kVersion);
@@ -39,10 +40,7 @@ std::vector<std::byte> DomainAddress::encode() const {
   store(p, cm_port);
   std::memcpy(p, ip.data(), ip.size());
   p += ip.size();
-  for (const LaneAddress& l : lanes) {
-    store(p, l.qpn);
-    store(p, l.psn);
-  }
+  for (std::uint32_t qpn : ud_qpns) store(p, qpn);
   return out;
 }
 
@@ -54,7 +52,7 @@ Status DomainAddress::decode(std::span<const std::byte> bytes, DomainAddress& ou
   if (load<std::uint16_t>(p) != kVersion)
     return {StatusCode::malformed_packet, "verbs address: unsupported version"};
   const auto method = load<std::uint8_t>(p);
-  if (method != static_cast<std::uint8_t>(ConnectMethod::exchange) &&
+  if (method != static_cast<std::uint8_t>(ConnectMethod::handshake) &&
       method != static_cast<std::uint8_t>(ConnectMethod::rdma_cm))
     return {StatusCode::malformed_packet, "verbs address: unknown connection method"};
   a.method = static_cast<ConnectMethod>(method);
@@ -83,22 +81,19 @@ Status DomainAddress::decode(std::span<const std::byte> bytes, DomainAddress& ou
   if (a.mtu < 1 || a.mtu > 5) return {StatusCode::malformed_packet, "verbs address: bad MTU"};
   const std::size_t rest = bytes.size() - kFixedBytes;
   if (a.method == ConnectMethod::rdma_cm) {
-    if (rest != 0) return {StatusCode::malformed_packet, "verbs address: rdma_cm address carries lanes"};
+    if (rest != 0) return {StatusCode::malformed_packet, "verbs address: rdma_cm address carries UD queue pairs"};
     if (a.ip_family != 4 && a.ip_family != 6)
       return {StatusCode::malformed_packet, "verbs address: rdma_cm address without an IP address"};
     out = std::move(a);
     return Status::success();
   }
-  // Lanes: contexts^2 * tasks of them, counted without overflow.
-  const std::uint64_t per_task = std::uint64_t{a.contexts} * a.contexts;
-  if (rest % kLaneBytes != 0 || rest / kLaneBytes / per_task != a.tasks || rest / kLaneBytes % per_task != 0)
-    return {StatusCode::malformed_packet, "verbs address: length does not match its lane count"};
-  a.lanes.resize(rest / kLaneBytes);
-  for (LaneAddress& l : a.lanes) {
-    l.qpn = load<std::uint32_t>(p);
-    l.psn = load<std::uint32_t>(p);
-    if (l.qpn > 0xFFFFFF || l.psn > 0xFFFFFF)
-      return {StatusCode::malformed_packet, "verbs address: QP number or PSN wider than 24 bits"};
+  if (rest != std::size_t{a.contexts} * kUdQpnBytes)
+    return {StatusCode::malformed_packet, "verbs address: length does not match its context count"};
+  a.ud_qpns.resize(a.contexts);
+  for (std::uint32_t& qpn : a.ud_qpns) {
+    qpn = load<std::uint32_t>(p);
+    if (qpn == 0 || qpn > 0xFFFFFF)
+      return {StatusCode::malformed_packet, "verbs address: UD QP number zero or wider than 24 bits"};
   }
   out = std::move(a);
   return Status::success();

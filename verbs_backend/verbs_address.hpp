@@ -1,12 +1,16 @@
 // verbs_backend/verbs_address.hpp — what one task publishes through the
-// bootstrap so that its peers can connect their queue pairs to it.
+// bootstrap so that its peers can connect queue pairs to it when they first
+// talk to it.
 //
-// Little-endian, fixed fields then one (QPN, PSN) per lane, indexed
-// [own context][peer task][peer context] (the own task's entries are zero).
-// With rdma_cm the lanes are omitted: the connection manager carries QP
-// numbers itself and the fixed part names the listening address instead.
-// decode() treats the bytes as untrusted and names the first problem;
-// whether they fit this task's job is VerbsDomain::connect()'s to judge.
+// Little-endian, the same size whatever the job's size: the port (link
+// layer, LID, GID, MTU), the largest packet it receives, a nonce its
+// connection messages carry, then either the QP number of each context's
+// UD queue pair, where a peer sends its connection request (the handshake,
+// verbs_handshake.hpp), or with rdma_cm the IP address and port its
+// connection manager listens on. No queue pair of any lane exists when the
+// address is published. decode() treats the bytes as untrusted and names the
+// first problem; whether they fit this task's job is VerbsDomain::connect()'s
+// to judge.
 #pragma once
 
 #include <array>
@@ -19,20 +23,15 @@
 
 namespace ami::verbs {
 
-enum class ConnectMethod : std::uint8_t { exchange = 1, rdma_cm = 2 };
-
-struct LaneAddress {
-  std::uint32_t qpn = 0;
-  std::uint32_t psn = 0;
-};
+enum class ConnectMethod : std::uint8_t { handshake = 1, rdma_cm = 2 };
 
 struct DomainAddress {
   static constexpr std::uint32_t kMagic = 0x31425641;  // "AVB1"
-  static constexpr std::uint16_t kVersion = 1;
+  static constexpr std::uint16_t kVersion = 2;
   static constexpr std::size_t kFixedBytes = 72;
-  static constexpr std::size_t kLaneBytes = 8;
+  static constexpr std::size_t kUdQpnBytes = 4;
 
-  ConnectMethod method = ConnectMethod::exchange;
+  ConnectMethod method = ConnectMethod::handshake;
   std::uint8_t link_layer = 0;  // IBV_LINK_LAYER_INFINIBAND or _ETHERNET
   std::uint8_t mtu = 0;         // enum ibv_mtu: the port's active MTU
   std::uint8_t rd_atomic = 0;   // RDMA READs the task answers at once per QP
@@ -42,16 +41,13 @@ struct DomainAddress {
   std::uint32_t tasks = 0;
   std::uint32_t bounce_bytes = 0;  // the largest packet it receives
   std::array<std::uint8_t, 16> gid{};
-  // rdma_cm: where it listens, and the token its connection requests carry.
+  // The token its connection messages carry (both methods).
   std::uint64_t nonce = 0;
+  // rdma_cm: where it listens.
   std::uint8_t ip_family = 0;  // 4 or 6; 0 without rdma_cm
   std::uint16_t cm_port = 0;
   std::array<std::uint8_t, 16> ip{};
-  std::vector<LaneAddress> lanes;  // exchange only
-
-  std::size_t lane_index(std::uint16_t context, std::uint32_t peer, std::uint16_t peer_context) const {
-    return (std::size_t{context} * tasks + peer) * contexts + peer_context;
-  }
+  std::vector<std::uint32_t> ud_qpns;  // handshake only: one per context
 
   std::vector<std::byte> encode() const;
   static Status decode(std::span<const std::byte> bytes, DomainAddress& out);

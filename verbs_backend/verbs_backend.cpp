@@ -79,7 +79,7 @@ class VerbsBackend final : public device::Backend {
     return {};
   }
 
-  bool reaches(std::uint32_t task) const override { return domain_.connected(task); }
+  bool reaches(std::uint32_t task) const override { return domain_.knows(task); }
   std::uint32_t tasks_reached() const override { return peers_; }
 
   Status register_region(std::uint32_t region, void* address, std::size_t length,

@@ -185,7 +185,7 @@ CmIdOwner CmConnector::on_request(Session* s, rdma_cm_event& e) {
   r.hello.context = ami::detail::load<std::uint16_t>(p);
   r.hello.peer_context = ami::detail::load<std::uint16_t>(p);
   r.hello.nonce = ami::detail::load<std::uint64_t>(p);
-  if (r.hello.task >= domain_.tasks() || r.hello.task == domain_.task() || domain_.connected(r.hello.task) ||
+  if (r.hello.task >= domain_.tasks() || r.hello.task == domain_.task() || domain_.knows(r.hello.task) ||
       r.hello.context >= domain_.contexts() || r.hello.peer_context >= domain_.contexts()) {
     log("rdma_cm: refused a connection request naming task %u contexts %u -> %u", r.hello.task,
         r.hello.context, r.hello.peer_context);

@@ -16,8 +16,9 @@ inline constexpr ParamSpec kParams[] = {
     {"AMI_VERBS_GID_INDEX", "auto", ParamType::unsigned_int, 0, 255,
      "GID index for RoCE: auto picks the RoCE v2 IPv4-mapped GID; or a number, at most 255.", true},
     {"AMI_VERBS_CM", "auto", ParamType::boolean, 0, 1,
-     "Connect queue pairs with rdma_cm (on), by exchanging their numbers through the bootstrap "
-     "(off), or auto: rdma_cm on RoCE, the exchange on InfiniBand.", true},
+     "How lanes get their queue pairs: off or auto, each on first use by a handshake over the "
+     "context's UD queue pair (InfiniBand and RoCE); on, every lane to every peer at setup by "
+     "rdma_cm (RoCE only).", true},
     {"AMI_VERBS_MTU", "auto", ParamType::power_of_two, 256, 4096,
      "Largest path MTU: auto (the port's active MTU) or 256, 512, 1024, 2048, 4096.", true},
     {"AMI_VERBS_SQ_DEPTH", "256", ParamType::unsigned_int, 2, 65536,

@@ -1,12 +1,13 @@
 // verbs_backend/verbs_connect.cpp — queue pair transitions, the address a
-// task publishes, and connecting lanes from a peer's address (directly, or
-// through rdma_cm).
+// task publishes, and learning a peer from its address (connecting every
+// lane to it at once with rdma_cm).
 #include <rdma/rdma_cma.h>
 
 #include <algorithm>
 #include <cstring>
 
 #include "ami/device/descriptor.hpp"
+#include "ami/error.hpp"
 #include "verbs_cm.hpp"
 #include "verbs_domain.hpp"
 #include "verbs_qp.hpp"
@@ -23,13 +24,13 @@ int qp_to_init(ibv_qp* qp, std::uint8_t port) {
       ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
 }
 
-int qp_to_rtr(ibv_qp* qp, const PortInfo& port, const VerbsOptions& options, const DomainAddress& peer,
-              const LaneAddress& remote) {
+int qp_to_rtr(ibv_qp* qp, const PortInfo& port, const VerbsOptions& options, const PeerInfo& peer,
+              std::uint32_t remote_qpn, std::uint32_t remote_psn) {
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_RTR;
   a.path_mtu = std::min(port.active_mtu, static_cast<ibv_mtu>(peer.mtu));
-  a.dest_qp_num = remote.qpn;
-  a.rq_psn = remote.psn;
+  a.dest_qp_num = remote_qpn;
+  a.rq_psn = remote_psn;
   a.max_dest_rd_atomic = port.responder_rd_atomic;
   a.min_rnr_timer = options.min_rnr_timer;
   a.ah_attr.port_num = port.port;
@@ -93,6 +94,7 @@ std::vector<std::byte> VerbsDomain::local_address() const {
   a.tasks = tasks_;
   a.bounce_bytes = options_.bounce_bytes;
   std::memcpy(a.gid.data(), port_.gid.raw, a.gid.size());
+  a.nonce = nonce_;
   if (method_ == ConnectMethod::rdma_cm) {
     a.nonce = cm_->nonce();
     a.ip_family = cm_->ip_family();
@@ -100,14 +102,7 @@ std::vector<std::byte> VerbsDomain::local_address() const {
     a.cm_port = cm_->port();
     return a.encode();
   }
-  a.lanes.resize(std::size_t{contexts_} * tasks_ * contexts_);
-  for (std::uint16_t c = 0; c < contexts_; ++c)
-    for (std::uint32_t t = 0; t < tasks_; ++t)
-      for (std::uint16_t d = 0; d < contexts_; ++d) {
-        const ContextQueues& q = *queues_[c];
-        const std::size_t i = lane_index({t, d});
-        if (q.qps[i]) a.lanes[a.lane_index(c, t, d)] = {q.qps[i]->qp_num, q.psns[i]};
-      }
+  for (const auto& q : queues_) a.ud_qpns.push_back(q->ud->qp_num);
   return a.encode();
 }
 
@@ -122,52 +117,59 @@ Status VerbsDomain::check_peer(std::uint32_t peer_task, const DomainAddress& a) 
   if (a.contexts != contexts_)
     return {StatusCode::invalid_argument, "verbs: the peer has another number of contexts"};
   if (a.method != method_)
-    return {StatusCode::invalid_argument, "verbs: the peer connects by another method (rdma_cm vs exchange)"};
+    return {StatusCode::invalid_argument, "verbs: the peer connects by another method (rdma_cm vs handshake)"};
   if (a.link_layer != port_.link_layer)
     return {StatusCode::unreachable, "verbs: the peer's port has another link layer"};
   if (a.bounce_bytes < device::kPacketInlineBytes)
     return {StatusCode::invalid_argument, "verbs: the peer's receive buffers are too small"};
   if (a.link_layer == IBV_LINK_LAYER_INFINIBAND && a.lid == 0)
     return {StatusCode::invalid_argument, "verbs: the peer's InfiniBand port has no LID"};
-  if (peers_[peer_task].connected)
-    return {StatusCode::invalid_argument, "verbs: the peer is connected already"};
+  if (peers_[peer_task].known)
+    return {StatusCode::invalid_argument, "verbs: the peer is known already"};
   return Status::success();
 }
 
+// The handshake needs nothing but the peer's address until a context first
+// talks to it; rdma_cm connects every lane to it now.
 Status VerbsDomain::connect(std::uint32_t peer_task, std::span<const std::byte> peer_address) {
   DomainAddress a;
   Status s = DomainAddress::decode(peer_address, a);
   if (!s.ok()) return s;
   s = check_peer(peer_task, a);
   if (!s.ok()) return s;
-  s = method_ == ConnectMethod::rdma_cm ? cm_->connect(peer_task, a) : connect_exchange(peer_task, a);
-  if (s.ok()) mark_connected(peer_task, a);
+  if (method_ == ConnectMethod::handshake) {
+    learn(peer_task, a);
+    return Status::success();
+  }
+  try {
+    for (std::uint16_t c = 0; c < contexts_; ++c)
+      for (std::uint16_t d = 0; d < contexts_; ++d) (void)new_connection(c, Endpoint{peer_task, d}, true);
+  } catch (const Error& e) {
+    log("rdma_cm: queue pairs to task %u: %s", peer_task, e.what());
+    s = {StatusCode::device_error, "verbs: rdma_cm: the queue pairs cannot be made (see the log)"};
+  }
+  if (s.ok()) s = cm_->connect(peer_task, a);
+  for (std::uint16_t c = 0; c < contexts_; ++c)
+    for (std::uint16_t d = 0; d < contexts_; ++d) {
+      auto& connections = queues_[c]->connections;
+      auto it = connections.find(static_cast<std::uint32_t>(lane_index(Endpoint{peer_task, d})));
+      if (it != connections.end()) it->second.state = s.ok() ? Connection::State::ready : Connection::State::failed;
+    }
+  if (s.ok()) learn(peer_task, a);  // from here on, requests naming it are refused
   return s;
 }
 
-Status VerbsDomain::connect_exchange(std::uint32_t peer_task, const DomainAddress& a) {
-  const std::uint8_t rd_atomic = std::min(port_.initiator_rd_atomic, std::max<std::uint8_t>(a.rd_atomic, 1));
-  for (std::uint16_t c = 0; c < contexts_; ++c) {
-    for (std::uint16_t d = 0; d < contexts_; ++d) {
-      const std::size_t i = lane_index({peer_task, d});
-      ibv_qp* qp = queues_[c]->qps[i].get();
-      const LaneAddress& remote = a.lanes[a.lane_index(d, task_, c)];
-      if (remote.qpn == 0) return {StatusCode::malformed_packet, "verbs address: no QP for this task's lane"};
-      if (int err = qp_to_rtr(qp, port_, options_, a, remote)) {
-        log_qp(qp, "ibv_modify_qp to RTR", err);
-        return {StatusCode::device_error, "verbs: connect: ibv_modify_qp to RTR failed (see the log)"};
-      }
-      if (int err = qp_to_rts(qp, options_, queues_[c]->psns[i], rd_atomic)) {
-        log_qp(qp, "ibv_modify_qp to RTS", err);
-        return {StatusCode::device_error, "verbs: connect: ibv_modify_qp to RTS failed (see the log)"};
-      }
-    }
-  }
-  return Status::success();
-}
-
-void VerbsDomain::mark_connected(std::uint32_t peer_task, const DomainAddress& a) {
-  peers_[peer_task] = Peer{true, a.bounce_bytes};
+void VerbsDomain::learn(std::uint32_t peer_task, const DomainAddress& a) {
+  PeerInfo& p = peers_[peer_task];
+  p.gid = a.gid;
+  p.nonce = a.nonce;
+  p.bounce_bytes = a.bounce_bytes;
+  p.lid = a.lid;
+  p.mtu = a.mtu;
+  p.rd_atomic = a.rd_atomic;
+  p.known = true;
+  for (std::uint16_t d = 0; d < a.ud_qpns.size() && d < contexts_; ++d)
+    peer_ud_[lane_index(Endpoint{peer_task, d})] = a.ud_qpns[d];
 }
 
 }  // namespace ami::verbs

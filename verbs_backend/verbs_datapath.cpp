@@ -226,7 +226,7 @@ void VerbsDevice::refuse(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, Stat
     return;
   }
   lane.rung_epoch_ = ring_epoch_;
-  if (lane.posted_ + 1 == lane.fifo().injected() && !lane.broken_) return post_one(lane);
+  if (lane.posted_ + 1 == lane.fifo().injected() && lane.ready_ && !lane.broken_) return post_one(lane);
   post(lane);
 }
 
@@ -270,7 +270,7 @@ bool VerbsLane::send_compact(std::uint32_t immediate, std::span<const std::byte>
   auto& fifo = lane.fifo();
   const std::uint64_t n = fifo.injected();
   const std::size_t total = head.size() + payload.size();
-  if (!immediate_ || lane.broken_ || lane.posted_ != n || total > max_inline_ || total > lane.max_packet_ ||
+  if (!immediate_ || !lane.ready_ || lane.broken_ || lane.posted_ != n || total > max_inline_ || total > lane.max_packet_ ||
       (lane.rung_epoch_ == ring_epoch_ && doorbell_batch_ > 1))
     return false;
   device::Descriptor* d = fifo.try_reserve();
@@ -318,7 +318,7 @@ void VerbsDevice::post_waiting() {
 }
 
 void VerbsDevice::post(VerbsLane& lane) {
-  if (lane.broken_) return;
+  if (lane.broken_ || !lane.ready_) return;  // connection_ready() has it tended
   const std::uint64_t end = lane.fifo().injected();
   while (lane.posted_ < end) {
     std::uint32_t k = 0;
@@ -356,6 +356,12 @@ void VerbsDevice::post_failed(VerbsLane& lane, const char* call, int rc) {
 // what it holds (those completions are ignored: the lane is broken).
 bool VerbsDevice::abandon(Endpoint peer, Status why) {
   if (!can_reach(peer)) return false;
+  // No more handshake with it either.
+  Connection* c = connection(domain_.lane_index(peer));
+  if (c != nullptr && (c->state == Connection::State::requesting || c->state == Connection::State::accepted)) {
+    --handshakes_;
+    c->state = Connection::State::failed;
+  }
   VerbsLane* lane = lanes_[domain_.lane_index(peer)].get();
   if (lane == nullptr) return false;
   if (lane->broken_) return true;  // reported, or about to be
@@ -461,6 +467,7 @@ void VerbsDevice::on_send_completion(const ibv_wc& wc) {
     ++counters_.dropped;
   } else if (const ContextQueues::Route* r = queues_.route(wc.qp_num)) {
     ++counters_.packets_received;
+    if (handshakes_ != 0) [[unlikely]] heard_on(r->peer);
     const std::byte* bytes =
         queues_.receive_memory.get() + std::size_t{buffer} * domain_.options().bounce_bytes;
     if (wc.wc_flags & IBV_WC_WITH_IMM)
@@ -527,7 +534,7 @@ std::size_t VerbsDevice::progress(device::PacketSink& sink, std::size_t budget) 
   const int n = want > 0 ? ibv_poll_cq(queues_.cq.get(), want, wc) : 0;
   // An idle poll (what a waiting process spins on) ends here: receives to
   // repost were counted when they came, and nothing else waits.
-  if (n == 0 && !tending_ && broken_lanes_ == 0) return 0;
+  if (n == 0 && !tending_ && broken_lanes_ == 0 && handshakes_ == 0) return 0;
   return progress_rest(sink, budget, wc, n);
 }
 
@@ -539,7 +546,9 @@ std::size_t VerbsDevice::progress_rest(device::PacketSink& sink, std::size_t bud
       break;
     }
     for (int i = 0; i < n; ++i) {
-      if (wc[i].wr_id & kReceiveBit)
+      if (wc[i].qp_num == ud_qpn_) [[unlikely]]
+        on_handshake(wc[i]);
+      else if (wc[i].wr_id & kReceiveBit)
         on_receive_completion(wc[i], sink);
       else
         on_send_completion(wc[i]);
@@ -551,6 +560,7 @@ std::size_t VerbsDevice::progress_rest(device::PacketSink& sink, std::size_t bud
   }
   if (queues_.to_repost.size() >= repost_batch_) replenish();
   std::size_t work = polled;
+  if (handshakes_ != 0) work += tend_handshakes();
   if (tending_) work += tend_lanes();
   if (broken_lanes_ != 0) {
     // After tend_lanes() failed what their FIFOs held.

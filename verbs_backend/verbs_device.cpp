@@ -45,8 +45,10 @@ VerbsDevice::VerbsDevice(VerbsDomain& domain, std::uint16_t context, std::uint32
       doorbell_batch_(domain.options().doorbell_batch),
       immediate_(domain.options().immediate),
       key_id_(domain.options().key_id),
+      max_inline_(domain.port().max_inline),
       signal_interval_(domain.options().signal_interval),
-      lanes_(std::size_t{domain.tasks()} * domain.contexts()) {
+      lanes_(std::size_t{domain.tasks()} * domain.contexts()),
+      ud_qpn_(domain.queues(context).ud ? domain.queues(context).ud->qp_num : ~std::uint32_t{0}) {
   if (context >= domain.contexts()) throw Error("verbs: context index out of range");
   if (fifo_depth < 2 || (fifo_depth & (fifo_depth - 1)) != 0)
     throw Error("verbs: the injection FIFO depth must be a power of two");
@@ -82,25 +84,32 @@ unsigned VerbsDevice::reception_load() const {
 
 bool VerbsDevice::can_reach(Endpoint peer) const {
   return peer.task < domain_.tasks() && peer.task != domain_.task() && peer.context < domain_.contexts() &&
-         domain_.connected(peer.task);
+         domain_.knows(peer.task);
 }
 
+// The first call for a peer makes the lane, and its queue pair and
+// connection unless the peer asked first (or rdma_cm made them at setup).
 device::Lane* VerbsDevice::lane(Endpoint peer) {
   if (!can_reach(peer)) return nullptr;
   const std::size_t i = domain_.lane_index(peer);
-  if (!lanes_[i]) {
-    max_inline_ = domain_.port().max_inline;  // known once the domain has made a queue pair
-    try {
-      lanes_[i] =
-          std::make_unique<VerbsLane>(*this, peer, static_cast<std::uint32_t>(i), domain_.qp(context_, peer),
-                                      fifo_depth_, domain_.max_packet(peer.task));
-    } catch (const std::exception& e) {
-      log("no lane from context %u to task %u context %u: %s", context_, peer.task, peer.context, e.what());
-      return nullptr;
-    }
-    active_.push_back(lanes_[i].get());
+  if (lanes_[i]) return lanes_[i].get();
+  Connection* c = connection(i);
+  try {
+    const bool fresh = c == nullptr;
+    if (fresh) c = &domain_.new_connection(context_, peer, true);
+    lanes_[i] = std::make_unique<VerbsLane>(*this, peer, static_cast<std::uint32_t>(i), c->qp.get(), fifo_depth_,
+                                            domain_.max_packet(peer.task));
+    if (fresh) start_request(*c, peer);
+  } catch (const std::exception& e) {
+    log("no lane from context %u to task %u context %u: %s", context_, peer.task, peer.context, e.what());
+    return nullptr;
   }
-  return lanes_[i].get();
+  VerbsLane& lane = *lanes_[i];
+  active_.push_back(&lane);
+  lane.ready_ = c->state == Connection::State::ready;
+  if (c->state == Connection::State::failed)
+    fail_unconnected(lane, {StatusCode::peer_failed, "verbs: the lane's connection failed (see the log)"});
+  return &lane;
 }
 
 Status VerbsDevice::arm() {

@@ -28,6 +28,12 @@
 // outside the remote key, a packet over max_packet()) become signalled
 // zero-length writes whose completion fails just that descriptor.
 //
+// Connection on first use (verbs_handshake.hpp): lane() makes the lane and
+// its queue pair and sends the request; until the peer has answered, ring()
+// posts nothing and what the lane is given waits in its FIFO, posted by the
+// progress() that completes the handshake. A lane whose connection fails
+// breaks as below.
+//
 // Receives: the context's SRQ holds srq_depth buffers of bounce_bytes; a
 // receive completion's bytes go to PacketSink::on_packet with the origin
 // found from the QP number, never from the bytes; buffers are re-posted in
@@ -45,6 +51,7 @@
 
 #include "ami/device/device.hpp"
 #include "verbs_domain.hpp"
+#include "verbs_handshake.hpp"
 
 namespace ami::verbs {
 
@@ -70,6 +77,7 @@ class VerbsLane final : public device::Lane {
 
   ibv_qp* qp() const { return qp_; }
   bool broken() const { return broken_; }
+  bool ready() const { return ready_; }
   std::uint64_t posted() const { return posted_; }
 
  private:
@@ -97,6 +105,7 @@ class VerbsLane final : public device::Lane {
   std::uint32_t unsignalled_ = 0;                 // WRs since the last signalled one
   bool probe_outstanding_ = false;
   std::uint64_t rung_epoch_ = 0;  // the device's ring_epoch_ when ring() last posted
+  bool ready_ = false;     // the queue pair is connected: posting may start
   bool broken_ = false;
   bool reported_ = false;  // the sink has heard it broke
   Status failure_;
@@ -141,6 +150,11 @@ class VerbsDevice final : public device::Device {
     std::uint64_t dropped = 0;  // receive completions from an unknown QP, or not for a SEND
     std::uint64_t receives_reposted = 0;
     std::uint64_t staging_stalls = 0;  // ring() stopped by a full staging ring
+    std::uint64_t handshakes_sent = 0;
+    std::uint64_t handshakes_received = 0;
+    std::uint64_t handshakes_dropped = 0;  // malformed, or not from a task of the job
+    std::uint64_t handshakes_unsent = 0;   // no free send buffer: the timer sends it again
+    std::uint64_t connections_ready = 0;
   };
   const Counters& counters() const { return counters_; }
   std::uint32_t receives_posted() const { return queues_.receives_posted; }
@@ -169,6 +183,19 @@ class VerbsDevice final : public device::Device {
   void break_lane(VerbsLane& lane, std::uint64_t first_failed, Status status, const ibv_wc* wc);
   std::size_t tend_lanes();
   void replenish();
+  // connection on first use (verbs_handshake.cpp)
+  Connection* connection(std::size_t index);
+  void start_request(Connection& c, Endpoint peer);
+  void send_handshake(Handshake::Type type, Endpoint peer, const Connection& c);
+  void on_handshake(const ibv_wc& wc);
+  void repost_handshake(std::uint32_t buffer);
+  void on_handshake_message(const Handshake& m);
+  void accept(Connection& c, Endpoint peer, const Handshake& m);
+  void connection_ready(Connection& c, Endpoint peer);
+  void connection_failed(Connection& c, Endpoint peer, Status why);
+  void fail_unconnected(VerbsLane& lane, Status why);
+  void heard_on(Endpoint peer);
+  std::size_t tend_handshakes();
 
   VerbsDomain& domain_;
   ContextQueues& queues_;
@@ -190,6 +217,9 @@ class VerbsDevice final : public device::Device {
   // while the list is being walked never moves it.
   std::vector<VerbsLane*> active_;
   std::size_t broken_lanes_ = 0;  // not yet reported to the sink
+  std::uint32_t ud_qpn_;          // completions on it are the handshake's (none with rdma_cm: ~0)
+  std::uint32_t handshakes_ = 0;  // connections requesting or accepted: progress() tends them
+  std::int64_t next_handshake_ns_ = INT64_MAX;
   Counters counters_;
 };
 

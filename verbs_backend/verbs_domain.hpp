@@ -1,28 +1,30 @@
 // verbs_backend/verbs_domain.hpp — what the contexts of one task share for
 // InfiniBand/RoCE: the device and port, the protection domain, the memory
-// registrations, and every context's queues; and how queue pairs are
-// connected to the peers' (by exchanging addresses through the bootstrap, or
-// by rdma_cm).
+// registrations, each context's queues, and what the task knows of its
+// peers (their ports and published addresses, a few dozen bytes each).
 //
 // Owned by the task's verbs backend (verbs_backend.cpp), built before the
-// contexts and destroyed after them. The queue pairs of all (context, peer
-// task, peer context) triples are made by the constructor, because their
-// numbers are published (local_address()) before any context exists; each
-// context's VerbsDevice then drives its own ContextQueues. Control-path calls (constructor,
-// local_address, connect, register/deregister) are serialised by the Client.
-//
-// With the address exchange, connect() only moves this task's QPs to RTS: a
-// peer's QPs must reach RTR within the transport's retry budget (about
-// retry_count x 4.096 us x 2^timeout) of the first send, so the Client should
-// pass a bootstrap barrier after connecting every peer. With rdma_cm,
-// connect() blocks until the peer's side is up too; call it for the peers in
-// increasing task order on every task. The published address holds 8 bytes
-// per (context, peer task, peer context) with the exchange, 72 with rdma_cm.
+// contexts and destroyed after them. No queue pair of any lane exists when
+// the task publishes its address (local_address(), the same size in a job
+// of 2 tasks or 20,000): connect() only learns the peer, and a context's
+// queue pair to a peer context is made the first time the context talks to
+// it, or is asked to by it (docs/DESIGN.md, "Wire-up on first use"). Two
+// methods connect it:
+//  - the handshake (default): a request, a reply and a ready message over
+//    each context's UD queue pair (verbs_handshake.cpp), driven by the
+//    context's own progress(); works on InfiniBand without IP and on RoCE;
+//  - rdma_cm (AMI_VERBS_CM=on, RoCE only): every lane to every peer at
+//    setup, connect() blocking until the peer's side is up too; call it for
+//    the peers in increasing task order on every task.
+// Control-path calls (constructor, local_address, connect, register and
+// deregister) are serialised by the Client; a context's queues (its
+// connections included) are touched only by that context's device.
 #pragma once
 
 #include <infiniband/verbs.h>
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -30,6 +32,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -60,10 +63,12 @@ struct VerbsOptions {
   std::optional<std::uint32_t> max_inline;   // unset: the most the device takes (probed at the first QP); 0: never inline
   ibv_mtu mtu_cap = IBV_MTU_4096;            // path MTU at most this (and the port's active MTU)
   std::optional<std::uint64_t> max_rdma;     // largest RDMA WRITE or READ per work request; unset: the port's max_msg_sz
-  std::optional<bool> use_rdma_cm;           // unset: rdma_cm on RoCE, address exchange on InfiniBand
+  std::optional<bool> use_rdma_cm;           // unset or false: the handshake on first use; true: rdma_cm at setup
   bool immediate = Param("AMI_VERBS_IMMEDIATE").default_as<bool>();  // packets with a compact form go as SEND with immediate
   std::uint32_t staging_bytes = 64 * 1024;   // per lane: registered ring packet payloads are copied into (at least 2 x bounce_bytes)
-  std::uint32_t connect_timeout_ms = 30000;  // rdma_cm: for all lanes to one peer
+  // rdma_cm: for all lanes to one peer; handshake: for one lane, from its
+  // first request (retried with back-off) to the peer's answer.
+  std::uint32_t connect_timeout_ms = 30000;
   // Transport retries before IBV_WC_RETRY_EXC_ERR. Not 7: soft-RoCE takes 7
   // as "retry forever" (as the spec has it for rnr_retry only), so a dead
   // peer would never fail its lane there; 6 x 67 ms finds one in about 0.5 s.
@@ -117,7 +122,39 @@ struct PortInfo {
   bool software = false;  // soft-RoCE or siw: the kernel's CPU does the NIC's work
 };
 
-// One context's completion queue, shared receive queue and queue pairs.
+// What a task knows of a peer task from its published address: enough to
+// address its port and check its connection messages.
+struct PeerInfo {
+  std::array<std::uint8_t, 16> gid{};
+  std::uint64_t nonce = 0;         // what its connection messages carry
+  std::uint32_t bounce_bytes = 0;  // the largest packet it receives
+  std::uint16_t lid = 0;
+  std::uint8_t mtu = 0;            // enum ibv_mtu: its port's active MTU
+  std::uint8_t rd_atomic = 0;      // RDMA READs it answers at once per QP
+  bool known = false;              // connect() accepted its address
+};
+
+// One lane's queue pair and where its connection stands.
+struct Connection {
+  enum class State : std::uint8_t {
+    requesting,  // active: the QP is at INIT, the request is out
+    accepted,    // passive: the QP is at RTS, the reply is out; nothing is
+                 // sent until the requester says it is ready (or sends)
+    ready,       // both sides at RTS: the lane posts
+    failed,      // no answer in time, or a transition failed
+  };
+  QpOwner qp;
+  std::uint32_t psn = 0;         // this side's first send PSN
+  std::uint32_t remote_qpn = 0;  // the peer's QP, once known
+  State state = State::requesting;
+  bool active = true;            // this side asked (the other answered)
+  std::uint16_t tries = 0;       // requests (or replies) sent
+  std::int64_t next_try_ns = 0;  // when to send it again
+  std::int64_t give_up_ns = 0;
+};
+
+// One context's completion queue, shared receive queue, UD queue pair for
+// the handshake and the connections made so far.
 struct ContextQueues {
   struct Route {
     std::uint32_t qpn;
@@ -126,11 +163,10 @@ struct ContextQueues {
 
   CompChannelOwner channel;  // for blocking waits on the CQ
   CqOwner cq;
+  int cqe = 0;  // the CQ's size: it grows with the queue pairs
   SrqOwner srq;
   AlignedBuffer receive_memory;  // srq_depth bounce buffers of bounce_bytes
   MrOwner receive_mr;
-  std::vector<QpOwner> qps;         // by peer task * contexts + peer context; null for the own task
-  std::vector<std::uint32_t> psns;  // each QP's first send PSN
   std::vector<Route> routes;        // by qpn: whom a receive completion came from
   // Receive buffers the protocol is done with, re-posted in batches, and the
   // pre-linked work requests that post them.
@@ -138,6 +174,16 @@ struct ContextQueues {
   std::vector<ibv_recv_wr> recv_wr;
   std::vector<ibv_sge> recv_sge;
   std::uint32_t receives_posted = 0;
+  // The handshake's UD queue pair, its buffers (receives, then sends) and
+  // an address handle per peer task it has sent to.
+  AlignedBuffer ud_memory;
+  MrOwner ud_mr;
+  std::unordered_map<std::uint32_t, AhOwner> ahs;
+  std::uint32_t ud_sends_out = 0;   // sends not yet completed
+  std::uint32_t ud_send_next = 0;   // the next send buffer
+  QpOwner ud;
+  // Last: their queue pairs go before the CQ and SRQ they use.
+  std::unordered_map<std::uint32_t, Connection> connections;  // by peer task * contexts + peer context
 
   // (Inline for the last one found: a burst comes from one peer.)
   const Route* route(std::uint32_t qpn) const {
@@ -145,7 +191,8 @@ struct ContextQueues {
     return find_route(qpn);
   }
   const Route* find_route(std::uint32_t qpn) const;
-  mutable const Route* recent_route = nullptr;  // into routes, which never change once made
+  void add_route(std::uint32_t qpn, Endpoint peer);
+  mutable const Route* recent_route = nullptr;  // into routes; reset when one is added
 };
 
 class CmConnector;
@@ -168,8 +215,9 @@ class VerbsDomain {
 
   // The bytes this task publishes through the bootstrap.
   std::vector<std::byte> local_address() const;
-  // Brings every lane to peer_task to RTS from the peer's published bytes.
-  // Malformed or mismatched bytes, or a failed transition, are a Status.
+  // Learns the peer from its published bytes (handshake), or connects every
+  // lane to it (rdma_cm). Malformed or mismatched bytes, or a failed
+  // connection, are a Status.
   Status connect(std::uint32_t peer_task, std::span<const std::byte> peer_address);
 
   // Registers [addr, addr + len) for local and remote access under the
@@ -190,35 +238,52 @@ class VerbsDomain {
   const VerbsOptions& options() const { return options_; }
   const PortInfo& port() const { return port_; }
   ConnectMethod method() const { return method_; }
+  // The token this task's connection messages carry (published).
+  std::uint64_t nonce() const { return nonce_; }
   device::RegionTable& regions() { return regions_; }
   ibv_context* device() const { return device_.get(); }
   ibv_pd* pd() const { return pd_.get(); }
-  bool connected(std::uint32_t peer) const { return peer < peers_.size() && peers_[peer].connected; }
+  // connect() accepted the peer: lanes to it can be made.
+  bool knows(std::uint32_t peer) const { return peer < peers_.size() && peers_[peer].known; }
+  const PeerInfo& peer(std::uint32_t task) const { return peers_[task]; }
+  // The UD queue pair of the peer context, where its handshake listens.
+  std::uint32_t peer_ud_qpn(Endpoint peer) const { return peer_ud_[lane_index(peer)]; }
   // Largest packet both ends of a lane to peer take.
   std::uint32_t max_packet(std::uint32_t peer) const;
   ContextQueues& queues(std::uint16_t context) { return *queues_[context]; }
-  // The QP of context that reaches peer (diagnostics and tests), or nullptr.
+  // The QP of context that reaches peer (diagnostics and tests), or nullptr
+  // while there is none.
   ibv_qp* qp(std::uint16_t context, Endpoint peer) const;
   std::size_t lane_index(Endpoint peer) const { return std::size_t{peer.task} * contexts_ + peer.context; }
 
+  // A new RC queue pair at INIT for the lane from context to peer, with its
+  // route and room on the CQ: called by the context's device (or by setup
+  // for rdma_cm). Throws ami::Error naming the failing call.
+  Connection& new_connection(std::uint16_t context, Endpoint peer, bool active);
+  // Brings c's queue pair to RTR towards the peer's QP and then to RTS;
+  // 0 or an errno value (logged).
+  int connect_queue_pair(Connection& c, Endpoint peer, std::uint32_t remote_qpn, std::uint32_t remote_psn);
+  // The address handle of the peer task's port for context's UD sends,
+  // made on first use; nullptr (logged) when it cannot be made.
+  ibv_ah* address_handle(std::uint16_t context, std::uint32_t peer_task);
+  // RC queue pairs made since setup, over every context.
+  std::uint64_t queue_pairs_made() const { return queue_pairs_made_.load(std::memory_order_relaxed); }
+
  private:
   friend class CmConnector;
-  struct Peer {
-    bool connected = false;
-    std::uint32_t bounce_bytes = 0;
-  };
   struct Region {
     std::uint32_t region;
     MrOwner mr;
   };
 
   // setup (verbs_setup.cpp)
-  std::unique_ptr<ContextQueues> make_queues(std::uint16_t context);
+  std::unique_ptr<ContextQueues> make_queues();
+  void make_ud(ContextQueues& q);
   QpOwner make_qp(ContextQueues& q);
+  void grow_cq(ContextQueues& q, std::uint16_t context);
   // connection (verbs_connect.cpp)
   Status check_peer(std::uint32_t peer_task, const DomainAddress& a) const;
-  Status connect_exchange(std::uint32_t peer_task, const DomainAddress& a);
-  void mark_connected(std::uint32_t peer_task, const DomainAddress& a);
+  void learn(std::uint32_t peer_task, const DomainAddress& a);
 
   std::uint32_t task_;
   std::uint32_t tasks_;
@@ -226,14 +291,17 @@ class VerbsDomain {
   VerbsOptions options_;
   device::RegionTable& regions_;
   PortInfo port_;
-  ConnectMethod method_ = ConnectMethod::exchange;
+  ConnectMethod method_ = ConnectMethod::handshake;
   bool inline_known_ = false;  // port_.max_inline found (by the first QP)
   // Creation order: destruction runs queues (QP, SRQ, CQ) -> MRs -> PD -> device.
   DeviceOwner device_;
   PdOwner pd_;
   std::vector<Region> region_mrs_;
   std::vector<std::unique_ptr<ContextQueues>> queues_;
-  std::vector<Peer> peers_;
+  std::vector<PeerInfo> peers_;
+  std::vector<std::uint32_t> peer_ud_;  // by lane index: each peer context's UD QP (handshake)
+  std::uint64_t nonce_ = 0;
+  std::atomic<std::uint64_t> queue_pairs_made_{0};
   std::unique_ptr<CmConnector> cm_;
 };
 

@@ -14,9 +14,10 @@ namespace ami::verbs {
 inline constexpr int kQpAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 
 int qp_to_init(ibv_qp* qp, std::uint8_t port);
-// Address exchange: RTR towards the peer's QP, then RTS.
-int qp_to_rtr(ibv_qp* qp, const PortInfo& port, const VerbsOptions& options, const DomainAddress& peer,
-              const LaneAddress& remote);
+// The handshake: RTR towards the peer's QP (its port from what it
+// published), then RTS.
+int qp_to_rtr(ibv_qp* qp, const PortInfo& port, const VerbsOptions& options, const PeerInfo& peer,
+              std::uint32_t remote_qpn, std::uint32_t remote_psn);
 int qp_to_rts(ibv_qp* qp, const VerbsOptions& options, std::uint32_t psn, std::uint8_t rd_atomic);
 // rdma_cm: the attributes the connection manager negotiated for id.
 int qp_to_state_from_cm(ibv_qp* qp, rdma_cm_id* id, ibv_qp_state state, const PortInfo& port,

@@ -52,6 +52,11 @@ struct DestroyQp {
     if (int rc = ibv_destroy_qp(q)) log_qp(&copy, "ibv_destroy_qp", errno_of_rc(rc));
   }
 };
+struct DestroyAh {
+  void operator()(ibv_ah* a) const {
+    if (int rc = ibv_destroy_ah(a)) log("ibv_destroy_ah: error %d", errno_of_rc(rc));
+  }
+};
 struct DeregMr {
   void operator()(ibv_mr* m) const {
     if (int rc = ibv_dereg_mr(m)) log("ibv_dereg_mr: error %d", errno_of_rc(rc));
@@ -81,6 +86,7 @@ using CqOwner = std::unique_ptr<ibv_cq, detail::DestroyCq>;
 using SrqOwner = std::unique_ptr<ibv_srq, detail::DestroySrq>;
 using QpOwner = std::unique_ptr<ibv_qp, detail::DestroyQp>;
 using MrOwner = std::unique_ptr<ibv_mr, detail::DeregMr>;
+using AhOwner = std::unique_ptr<ibv_ah, detail::DestroyAh>;
 using CmChannelOwner = std::unique_ptr<rdma_event_channel, detail::DestroyCmChannel>;
 using CmIdOwner = std::unique_ptr<rdma_cm_id, detail::DestroyCmId>;
 using DeviceListOwner = std::unique_ptr<ibv_device*, detail::FreeDeviceList>;

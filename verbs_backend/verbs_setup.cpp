@@ -1,6 +1,6 @@
 // verbs_backend/verbs_setup.cpp — building the domain: port, protection
-// domain, each context's CQ, SRQ, receive buffers and queue pairs; memory
-// registration.
+// domain, each context's CQ, SRQ, receive buffers and UD queue pair; the RC
+// queue pairs of lanes as they are made; memory registration.
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -13,6 +13,7 @@
 #include "ami/error.hpp"
 #include "verbs_cm.hpp"
 #include "verbs_domain.hpp"
+#include "verbs_handshake.hpp"
 #include "verbs_port.hpp"
 #include "verbs_qp.hpp"
 
@@ -60,6 +61,10 @@ std::uint32_t random_psn() {
   return gen() & 0xFFFFFFu;
 }
 
+// A CQ's first size: every receive buffer, the handshake's queue pair, and
+// the send queues of a few lanes; it grows as lanes are made (grow_cq).
+constexpr std::uint64_t kFirstLanes = 4;
+
 }  // namespace
 
 AlignedBuffer allocate_pages(std::size_t bytes) {
@@ -85,6 +90,13 @@ const ContextQueues::Route* ContextQueues::find_route(std::uint32_t qpn) const {
   return recent_route;
 }
 
+void ContextQueues::add_route(std::uint32_t qpn, Endpoint peer) {
+  auto it = std::lower_bound(routes.begin(), routes.end(), qpn,
+                             [](const Route& r, std::uint32_t n) { return r.qpn < n; });
+  routes.insert(it, Route{qpn, peer});
+  recent_route = nullptr;
+}
+
 VerbsDomain::VerbsDomain(std::uint32_t task, std::uint32_t tasks, std::uint16_t contexts,
                          const VerbsOptions& options, device::RegionTable& regions)
     : task_(task), tasks_(tasks), contexts_(contexts), options_(options), regions_(regions), peers_(tasks) {
@@ -97,11 +109,14 @@ VerbsDomain::VerbsDomain(std::uint32_t task, std::uint32_t tasks, std::uint16_t 
   if (options_.srq_depth > static_cast<std::uint32_t>(port_.max_srq_wr))
     throw Error("verbs: srq_depth " + std::to_string(options_.srq_depth) + " exceeds " + port_.device +
                 "'s max_srq_wr " + std::to_string(port_.max_srq_wr));
-  method_ = options_.use_rdma_cm.value_or(port_.link_layer == IBV_LINK_LAYER_ETHERNET)
-                ? ConnectMethod::rdma_cm
-                : ConnectMethod::exchange;
+  method_ = options_.use_rdma_cm.value_or(false) ? ConnectMethod::rdma_cm : ConnectMethod::handshake;
+  nonce_ = (std::uint64_t{std::random_device{}()} << 32) | std::random_device{}() | 1;
+  if (method_ == ConnectMethod::handshake) peer_ud_.resize(std::size_t{tasks_} * contexts_);
   pd_.reset(require(ibv_alloc_pd(device_.get()), "ibv_alloc_pd"));
-  for (std::uint16_t c = 0; c < contexts_; ++c) queues_.push_back(make_queues(c));
+  for (std::uint16_t c = 0; c < contexts_; ++c) queues_.push_back(make_queues());
+  // How much inline data the device takes, found now on a queue pair made
+  // for that alone: contexts make theirs later, each on its own thread.
+  (void)make_qp(*queues_[0]);
   if (method_ == ConnectMethod::rdma_cm) cm_ = std::make_unique<CmConnector>(*this);
 }
 
@@ -146,23 +161,17 @@ QpOwner VerbsDomain::make_qp(ContextQueues& q) {
   return qp;
 }
 
-std::unique_ptr<ContextQueues> VerbsDomain::make_queues(std::uint16_t context) {
+std::unique_ptr<ContextQueues> VerbsDomain::make_queues() {
   auto q = std::make_unique<ContextQueues>();
   ibv_context* ctx = device_.get();
-  const std::uint32_t n_qps = (tasks_ - 1) * std::uint32_t{contexts_};
 
-  // Every receive buffer, plus every send WR of every QP (errors complete
-  // unsignalled WRs too, as flushes), must fit the CQ at once.
-  const std::uint64_t need = options_.srq_depth + std::uint64_t{n_qps} * options_.sq_depth;
+  const std::uint64_t need = options_.srq_depth + kUdReceives + kUdSends + kFirstLanes * options_.sq_depth;
   const std::uint64_t cqe = std::min<std::uint64_t>(std::max<std::uint64_t>(need, options_.cq_depth),
                                                     static_cast<std::uint64_t>(port_.max_cqe));
-  if (cqe < need && context == 0)
-    log("%s's max_cqe %d is below the %llu completions the queues may produce at once; a flush of every "
-        "queue pair together could overrun the CQ",
-        port_.device.c_str(), port_.max_cqe, static_cast<unsigned long long>(need));
   q->channel.reset(require(ibv_create_comp_channel(ctx), "ibv_create_comp_channel"));
   q->cq.reset(
       require(ibv_create_cq(ctx, static_cast<int>(cqe), nullptr, q->channel.get(), 0), "ibv_create_cq"));
+  q->cqe = q->cq->cqe;
 
   ibv_srq_init_attr sa{};
   sa.attr.max_wr = options_.srq_depth;
@@ -174,22 +183,8 @@ std::unique_ptr<ContextQueues> VerbsDomain::make_queues(std::uint16_t context) {
   q->receive_mr =
       register_memory(pd_.get(), q->receive_memory.get(), bytes, IBV_ACCESS_LOCAL_WRITE, "receive buffers");
 
-  q->qps.resize(std::size_t{tasks_} * contexts_);
-  q->psns.resize(q->qps.size());
-  for (std::uint32_t t = 0; t < tasks_; ++t) {
-    if (t == task_) continue;  // the self backend reaches the own task
-    for (std::uint16_t d = 0; d < contexts_; ++d) {
-      const std::size_t i = lane_index({t, d});
-      q->qps[i] = make_qp(*q);
-      q->psns[i] = random_psn();
-      q->routes.push_back({q->qps[i]->qp_num, Endpoint{t, d}});
-    }
-  }
-  std::sort(q->routes.begin(), q->routes.end(),
-            [](const ContextQueues::Route& a, const ContextQueues::Route& b) { return a.qpn < b.qpn; });
-
   // Pre-linked receive WRs; every buffer is posted now, before any peer
-  // knows the QP numbers.
+  // can connect.
   q->recv_wr.resize(options_.srq_depth);
   q->recv_sge.resize(options_.srq_depth);
   q->to_repost.reserve(options_.srq_depth);
@@ -201,12 +196,131 @@ std::unique_ptr<ContextQueues> VerbsDomain::make_queues(std::uint16_t context) {
     q->to_repost.push_back(i);
   }
   if (int err = post_receives(*q, options_.bounce_bytes)) throw_call("ibv_post_srq_recv", err);
+  if (method_ == ConnectMethod::handshake) make_ud(*q);
   return q;
+}
+
+// The handshake's UD queue pair on the context's CQ, at RTS, every receive
+// buffer posted. Its completions are told apart by their QP number.
+void VerbsDomain::make_ud(ContextQueues& q) {
+  const std::size_t bytes = std::size_t{kUdReceives} * kUdReceiveBytes + std::size_t{kUdSends} * kUdSendBytes;
+  q.ud_memory = allocate_pages(bytes);
+  q.ud_mr = register_memory(pd_.get(), q.ud_memory.get(), bytes, IBV_ACCESS_LOCAL_WRITE, "handshake buffers");
+  ibv_qp_init_attr a{};
+  a.send_cq = q.cq.get();
+  a.recv_cq = q.cq.get();
+  a.qp_type = IBV_QPT_UD;
+  a.cap.max_send_wr = kUdSends;
+  a.cap.max_recv_wr = kUdReceives;
+  a.cap.max_send_sge = 1;
+  a.cap.max_recv_sge = 1;
+  q.ud.reset(require(ibv_create_qp(pd_.get(), &a), "ibv_create_qp (UD)"));
+  ibv_qp_attr s{};
+  s.qp_state = IBV_QPS_INIT;
+  s.pkey_index = 0;
+  s.port_num = port_.port;
+  s.qkey = kUdQkey;
+  if (int rc = ibv_modify_qp(q.ud.get(), &s, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY))
+    throw_call("ibv_modify_qp (UD) to INIT", errno_of_rc(rc));
+  s = {};
+  s.qp_state = IBV_QPS_RTR;
+  if (int rc = ibv_modify_qp(q.ud.get(), &s, IBV_QP_STATE)) throw_call("ibv_modify_qp (UD) to RTR", errno_of_rc(rc));
+  s.qp_state = IBV_QPS_RTS;
+  s.sq_psn = 0;
+  if (int rc = ibv_modify_qp(q.ud.get(), &s, IBV_QP_STATE | IBV_QP_SQ_PSN))
+    throw_call("ibv_modify_qp (UD) to RTS", errno_of_rc(rc));
+  for (std::uint32_t i = 0; i < kUdReceives; ++i) {
+    ibv_sge sge{reinterpret_cast<std::uintptr_t>(q.ud_memory.get() + std::size_t{i} * kUdReceiveBytes),
+                kUdReceiveBytes, q.ud_mr->lkey};
+    ibv_recv_wr wr{};
+    wr.wr_id = i;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    if (int rc = ibv_post_recv(q.ud.get(), &wr, &bad)) throw_call("ibv_post_recv (UD)", errno_of_rc(rc));
+  }
+}
+
+// Every receive buffer, the handshake's queue pair and every send WR of
+// every lane (errors complete unsignalled WRs too, as flushes) must fit the
+// CQ at once: it grows, doubling, as lanes are made, up to the device's
+// max_cqe.
+void VerbsDomain::grow_cq(ContextQueues& q, std::uint16_t context) {
+  const std::uint64_t need = options_.srq_depth + kUdReceives + kUdSends +
+                             std::uint64_t{q.connections.size()} * options_.sq_depth;
+  if (need <= static_cast<std::uint64_t>(q.cqe) || q.cqe >= port_.max_cqe) return;
+  const int want = static_cast<int>(std::min<std::uint64_t>(std::max<std::uint64_t>(need, 2ull * q.cqe),
+                                                            static_cast<std::uint64_t>(port_.max_cqe)));
+  if (int rc = ibv_resize_cq(q.cq.get(), want)) {
+    log("context %u: ibv_resize_cq to %d: %s; a flush of every queue pair together could overrun the CQ", context,
+        want, std::strerror(errno_of_rc(rc)));
+    return;
+  }
+  q.cqe = q.cq->cqe;
+  if (static_cast<std::uint64_t>(q.cqe) < need)
+    log("%s's max_cqe %d is below the %llu completions the queues may produce at once; a flush of every "
+        "queue pair together could overrun the CQ",
+        port_.device.c_str(), port_.max_cqe, static_cast<unsigned long long>(need));
+}
+
+Connection& VerbsDomain::new_connection(std::uint16_t context, Endpoint peer, bool active) {
+  ContextQueues& q = *queues_[context];
+  Connection c;
+  c.qp = make_qp(q);
+  c.psn = random_psn();
+  c.active = active;
+  c.state = active ? Connection::State::requesting : Connection::State::accepted;
+  const std::uint32_t qpn = c.qp->qp_num;
+  auto [it, fresh] = q.connections.emplace(static_cast<std::uint32_t>(lane_index(peer)), std::move(c));
+  if (!fresh) throw Error("verbs: a second queue pair for one lane");
+  q.add_route(qpn, peer);
+  grow_cq(q, context);
+  queue_pairs_made_.fetch_add(1, std::memory_order_relaxed);
+  return it->second;
+}
+
+int VerbsDomain::connect_queue_pair(Connection& c, Endpoint peer, std::uint32_t remote_qpn, std::uint32_t remote_psn) {
+  const PeerInfo& p = peers_[peer.task];
+  if (int err = qp_to_rtr(c.qp.get(), port_, options_, p, remote_qpn, remote_psn)) {
+    log_qp(c.qp.get(), "ibv_modify_qp to RTR", err);
+    return err;
+  }
+  const std::uint8_t rd_atomic = std::min(port_.initiator_rd_atomic, std::max<std::uint8_t>(p.rd_atomic, 1));
+  if (int err = qp_to_rts(c.qp.get(), options_, c.psn, rd_atomic)) {
+    log_qp(c.qp.get(), "ibv_modify_qp to RTS", err);
+    return err;
+  }
+  return 0;
+}
+
+ibv_ah* VerbsDomain::address_handle(std::uint16_t context, std::uint32_t peer_task) {
+  ContextQueues& q = *queues_[context];
+  if (auto it = q.ahs.find(peer_task); it != q.ahs.end()) return it->second.get();
+  const PeerInfo& p = peers_[peer_task];
+  ibv_ah_attr a{};
+  a.port_num = port_.port;
+  if (port_.link_layer == IBV_LINK_LAYER_ETHERNET) {
+    a.is_global = 1;
+    std::memcpy(a.grh.dgid.raw, p.gid.data(), p.gid.size());
+    a.grh.sgid_index = static_cast<std::uint8_t>(port_.gid_index);
+    a.grh.hop_limit = 64;
+  } else {
+    a.dlid = p.lid;
+  }
+  ibv_ah* ah = ibv_create_ah(pd_.get(), &a);
+  if (ah == nullptr) {
+    log("ibv_create_ah to task %u: %s", peer_task, std::strerror(errno_of_null()));
+    return nullptr;
+  }
+  q.ahs.emplace(peer_task, AhOwner(ah));
+  return ah;
 }
 
 ibv_qp* VerbsDomain::qp(std::uint16_t context, Endpoint peer) const {
   if (context >= contexts_ || peer.task >= tasks_ || peer.context >= contexts_) return nullptr;
-  return queues_[context]->qps[lane_index(peer)].get();
+  const auto& connections = queues_[context]->connections;
+  const auto it = connections.find(static_cast<std::uint32_t>(lane_index(peer)));
+  return it == connections.end() ? nullptr : it->second.qp.get();
 }
 
 std::uint32_t VerbsDomain::max_packet(std::uint32_t peer) const {
@@ -252,8 +366,9 @@ std::string VerbsDomain::describe() const {
                   " receive buffers of " +
                   (options_.bounce_bytes % 1024 == 0 ? std::to_string(options_.bounce_bytes / 1024) + " KiB"
                                                      : std::to_string(options_.bounce_bytes) + " B") +
-                  ", connection by " +
-                  (method_ == ConnectMethod::rdma_cm ? "rdma_cm" : "address exchange");
+                  (method_ == ConnectMethod::rdma_cm ? ", lanes connected by rdma_cm at setup"
+                                                     : ", lanes connected on first use by a handshake over UD") +
+                  ", " + std::to_string(queue_pairs_made()) + " queue pair(s) made";
   return s;
 }
 
@@ -285,7 +400,7 @@ std::string VerbsDomain::describe_lane(std::uint16_t context, Endpoint peer) con
                           std::to_string(options_.signal_interval));
   field("Receive buffers", std::to_string(options_.srq_depth) + " x " + std::to_string(options_.bounce_bytes) + "[B]");
   field("rdma_cm QPs", method_ == ConnectMethod::rdma_cm ? "ON" : "OFF");
-  field("Data ex. method", method_ == ConnectMethod::rdma_cm ? "rdma_cm" : "Ethernet (ami bootstrap)");
+  field("Data ex. method", method_ == ConnectMethod::rdma_cm ? "rdma_cm" : "ami handshake over UD, on first use");
   std::snprintf(line, sizeof line, " local address: LID %#06x QPN %#08x PSN %#08x\n", port_.lid, q->qp_num,
                 a.sq_psn);
   out += line;

@@ -1,7 +1,8 @@
 // test_verbs.cpp — the verbs backend on a real RDMA port (soft-RoCE rxe0 in
 // the tests/rxe VM): two tasks in one process, each a VerbsDomain with its
-// VerbsDevices, connected through their published addresses (or rdma_cm),
-// driven from one thread. verbs_main.cpp skips it where no port is active.
+// VerbsDevices, knowing each other from their published addresses, lanes
+// connected on first use by the handshake (or at setup by rdma_cm), driven
+// from one thread. verbs_main.cpp skips it where no port is active.
 #include <doctest/doctest.h>
 
 #include <endian.h>
@@ -37,6 +38,7 @@ using ami::device::DescriptorKind;
 using ami::device::Lane;
 using ami::verbs::VerbsDevice;
 using ami::verbs::VerbsDomain;
+using ami::verbs::VerbsLane;
 using ami::verbs::VerbsOptions;
 
 std::string env(const char* name) {
@@ -134,10 +136,16 @@ struct Pair {
 
   VerbsDevice& device(int task, std::uint16_t context = 0) { return *t[task]->devices[context]; }
   Sink& sink(int task, std::uint16_t context = 0) { return t[task]->sinks[context]; }
-  // The lane from (task, context) to the other task's peer_context.
-  Lane& lane(int task, std::uint16_t context = 0, std::uint16_t peer_context = 0) {
+  // The lane from (task, context) to the other task's peer_context, made on
+  // first use; unless told not to, its connection is waited for (both tasks
+  // advancing), so what is posted on it goes straight to the wire.
+  Lane& lane(int task, std::uint16_t context = 0, std::uint16_t peer_context = 0, bool wait = true) {
     Lane* l = device(task, context).lane(Endpoint{static_cast<std::uint32_t>(1 - task), peer_context});
     REQUIRE(l != nullptr);
+    auto& mine = made[task];
+    if (std::find(mine.begin(), mine.end(), l) == mine.end()) mine.push_back(l);
+    auto* v = static_cast<VerbsLane*>(l);
+    if (wait) REQUIRE(run_until([&] { return v->ready() || v->broken(); }));
     return *l;
   }
 
@@ -145,12 +153,8 @@ struct Pair {
   void advance(bool task0 = true, bool task1 = true) {
     for (int i = 0; i < 2; ++i) {
       if ((i == 0 && !task0) || (i == 1 && !task1)) continue;
-      for (std::uint16_t c = 0; c < contexts; ++c) {
-        (void)device(i, c).progress(sink(i, c), 64);
-        for (std::uint16_t d = 0; d < contexts; ++d)
-          if (Lane* l = device(i, c).lane(Endpoint{static_cast<std::uint32_t>(1 - i), d}))
-            l->fifo().complete();
-      }
+      for (std::uint16_t c = 0; c < contexts; ++c) (void)device(i, c).progress(sink(i, c), 64);
+      for (Lane* l : made[i]) l->fifo().complete();
     }
   }
 
@@ -166,6 +170,7 @@ struct Pair {
 
   std::uint16_t contexts;
   std::unique_ptr<Task> t[2];
+  std::vector<Lane*> made[2];  // each task's lanes made so far
 };
 
 bool post_packet(Lane& lane, std::span<const std::byte> header, std::span<const std::byte> payload,
@@ -241,8 +246,16 @@ TEST_CASE("the port, the GID and the published address") {
   REQUIRE(ami::verbs::DomainAddress::decode(mine, a).ok());
   CHECK(a.task == 0);
   CHECK(a.tasks == 2);
-  CHECK(a.lanes.size() == 2);
-  CHECK(a.lanes[a.lane_index(0, 1, 0)].qpn == d.qp(0, Endpoint{1, 0})->qp_num);
+  REQUIRE(a.ud_qpns.size() == 1);
+  CHECK(a.ud_qpns[0] == d.queues(0).ud->qp_num);
+  CHECK(d.queue_pairs_made() == 0);  // no lane has a queue pair before it is used
+  // The same size in a job of 4096 tasks: nothing in it grows with the job.
+  {
+    ami::device::RegionTable big_regions(7, 0, 8);
+    VerbsDomain big(0, 4096, 1, o, big_regions);
+    CHECK(big.local_address().size() == mine.size());
+    CHECK(big.queue_pairs_made() == 0);
+  }
 
   SUBCASE("malformed peer bytes are a status, never a crash") {
     ami::device::RegionTable r1(7, 1, 8);
@@ -255,24 +268,44 @@ TEST_CASE("the port, the GID and the published address") {
     bad = theirs;
     bad.push_back(std::byte{1});
     CHECK(d.connect(1, bad) == StatusCode::malformed_packet);
+    bad = theirs;
+    std::memset(bad.data() + ami::verbs::DomainAddress::kFixedBytes, 0, 4);  // UD QP number 0
+    CHECK(d.connect(1, bad) == StatusCode::malformed_packet);
     CHECK(d.connect(1, mine) == StatusCode::invalid_argument);    // task 0's bytes, not task 1's
     CHECK(d.connect(0, theirs) == StatusCode::invalid_argument);  // connecting to itself
-    CHECK_FALSE(d.connected(1));
+    CHECK_FALSE(d.knows(1));
     CHECK(d.connect(1, theirs).ok());
-    CHECK(d.connected(1));
+    CHECK(d.knows(1));
     CHECK(d.connect(1, theirs) == StatusCode::invalid_argument);  // twice
+    CHECK(d.queue_pairs_made() == 0);
+    CHECK(d.qp(0, Endpoint{1, 0}) == nullptr);
+    CHECK(d.describe_lane(0, Endpoint{1, 0}).find("none") != std::string::npos);
 
-    // perftest's banner fields for the lane: both ends' QPNs, as connected.
-    const std::string lane = d.describe_lane(0, Endpoint{1, 0});
-    MESSAGE(lane);
+    // perftest's banner fields for the lane: both ends' QPNs, once connected.
+    REQUIRE(peer.connect(0, mine).ok());
+    VerbsDevice dev0(d, 0, 16), dev1(peer, 0, 16);
+    Sink s0, s1;
+    auto* lane = static_cast<VerbsLane*>(dev0.lane(Endpoint{1, 0}));
+    REQUIRE(lane != nullptr);
+    const auto end = std::chrono::steady_clock::now() + 30s;
+    while (!lane->ready() && std::chrono::steady_clock::now() < end) {
+      (void)dev0.progress(s0, 64);
+      (void)dev1.progress(s1, 64);
+    }
+    REQUIRE(lane->ready());
+    CHECK(d.queue_pairs_made() == 1);
+    CHECK(peer.queue_pairs_made() == 1);
+    const std::string text = d.describe_lane(0, Endpoint{1, 0});
+    MESSAGE(text);
     char qpn[32];
     std::snprintf(qpn, sizeof qpn, "QPN %#08x", d.qp(0, Endpoint{1, 0})->qp_num);
-    CHECK(lane.find(std::string(" local address: LID ")) != std::string::npos);
-    CHECK(lane.find(qpn) < lane.find(" remote address:"));
+    CHECK(text.find(std::string(" local address: LID ")) != std::string::npos);
+    CHECK(text.find(qpn) < text.find(" remote address:"));
+    REQUIRE(peer.qp(0, Endpoint{0, 0}) != nullptr);
     std::snprintf(qpn, sizeof qpn, "QPN %#08x", peer.qp(0, Endpoint{0, 0})->qp_num);
-    CHECK(lane.find(qpn) > lane.find(" remote address:"));
-    CHECK(lane.find(" Device          : " + d.port().device + "\n") != std::string::npos);
-    CHECK(lane.find(" Mtu             : ") != std::string::npos);
+    CHECK(text.find(qpn) > text.find(" remote address:"));
+    CHECK(text.find(" Device          : " + d.port().device + "\n") != std::string::npos);
+    CHECK(text.find(" Mtu             : ") != std::string::npos);
   }
   SUBCASE("queue invariants are checked at setup") {
     VerbsOptions bad = o;
@@ -795,12 +828,12 @@ TEST_CASE("a dead peer: transport retries run out and the operation fails") {
   o.retry_count = 1;
   o.timeout = 10;  // about 4 ms
   Pair p(o, 64);
+  Lane& lane = p.lane(0);
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_ERR;
   REQUIRE(ibv_modify_qp(p.t[1]->domain.qp(0, Endpoint{0, 0}), &attr, IBV_QP_STATE) == 0);
   Recorder r(2);
   const std::byte payload[64] = {};
-  Lane& lane = p.lane(0);
   REQUIRE(post_packet(lane, std::span(payload).first(8), std::span(payload), r.callback(0)));
   REQUIRE(post_packet(lane, std::span(payload).first(8), std::span(payload), r.callback(1)));
   lane.ring();
@@ -912,13 +945,14 @@ TEST_CASE("several contexts: each lane reaches its own peer context, origins fro
 TEST_CASE("a blocking wait: the completion channel wakes the receiver") {
   Pair p;
   VerbsDevice& receiver = p.device(1);
+  Lane& lane = p.lane(0);  // connected first: the handshake's own completions wake it too
   p.advance();
   REQUIRE(receiver.arm().ok());
   pollfd pfd{receiver.completion_fd(), POLLIN, 0};
   CHECK(::poll(&pfd, 1, 0) == 0);  // nothing yet
   const std::byte payload[8] = {std::byte{42}};
-  REQUIRE(post_packet(p.lane(0), std::span(payload), {}));
-  p.lane(0).ring();
+  REQUIRE(post_packet(lane, std::span(payload), {}));
+  lane.ring();
   REQUIRE(::poll(&pfd, 1, 30000) == 1);
   receiver.consume_event();
   REQUIRE(p.run_until([&] { return p.sink(1).packets.size() == 1; }));
@@ -1017,4 +1051,143 @@ TEST_CASE("rdma_cm: three tasks connecting in increasing order, requests waiting
       CHECK(static_cast<std::uint32_t>(pk.bytes[1]) == t);
     }
   }
+}
+
+// Connection on first use: the handshake (verbs_handshake.hpp).
+
+namespace {
+
+// Packets numbered 0..n-1 on lane, in as many rings as the FIFO takes.
+void post_numbered(Pair& p, Lane& lane, std::uint32_t from, std::uint32_t n) {
+  for (std::uint32_t i = from; i < from + n;) {
+    std::byte header[4];
+    std::memcpy(header, &i, sizeof i);
+    if (post_packet(lane, header, {})) {
+      ++i;
+      continue;
+    }
+    lane.ring();
+    p.advance();
+  }
+  lane.ring();
+}
+
+void check_numbered(const Sink& sink, std::uint32_t n) {
+  REQUIRE(sink.packets.size() == n);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    std::uint32_t got = 0;
+    std::memcpy(&got, sink.packets[i].bytes.data(), sizeof got);
+    REQUIRE(got == i);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("handshake: no queue pair before first use; what waits for the connection goes in order") {
+  Pair p(base_options(), 16);
+  CHECK(p.t[0]->domain.queue_pairs_made() == 0);
+  CHECK(p.t[1]->domain.queue_pairs_made() == 0);
+  p.advance();
+  CHECK(p.t[0]->domain.queue_pairs_made() == 0);
+  // More than a FIFO's worth posted before the peer ever answered.
+  Lane& lane = p.lane(0, 0, 0, false);
+  CHECK_FALSE(static_cast<VerbsLane&>(lane).ready());
+  post_numbered(p, lane, 0, 100);
+  REQUIRE(p.run_until([&] { return p.sink(1).packets.size() == 100; }));
+  check_numbered(p.sink(1), 100);
+  CHECK(p.t[0]->domain.queue_pairs_made() == 1);
+  CHECK(p.t[1]->domain.queue_pairs_made() == 1);  // the replier's, made for the request
+  // The way back uses the replier's queue pair: no second pair.
+  Lane& back = p.lane(1);
+  post_numbered(p, back, 0, 10);
+  REQUIRE(p.run_until([&] { return p.sink(0).packets.size() == 10; }));
+  check_numbered(p.sink(0), 10);
+  CHECK(p.t[0]->domain.queue_pairs_made() == 1);
+  CHECK(p.t[1]->domain.queue_pairs_made() == 1);
+  CHECK(p.device(0).counters().connections_ready == 1);
+  CHECK(p.device(1).counters().connections_ready == 1);
+  CHECK(p.device(1).counters().handshakes_dropped == 0);
+}
+
+TEST_CASE("handshake: both sides asking at once end with one queue pair each, nothing lost or reordered") {
+  for (int round = 0; round < 8; ++round) {
+    CAPTURE(round);
+    Pair p(base_options(), 16, 2);
+    // Every lane of both tasks asked for before either advances; then 50
+    // packets each way on each.
+    for (int t = 0; t < 2; ++t)
+      for (std::uint16_t c = 0; c < 2; ++c)
+        for (std::uint16_t d = 0; d < 2; ++d) (void)p.lane(t, c, d, false);
+    for (int t = 0; t < 2; ++t)
+      for (std::uint16_t c = 0; c < 2; ++c) post_numbered(p, p.lane(t, c, c, false), 0, 50);
+    REQUIRE(p.run_until([&] {
+      std::size_t n = 0;
+      for (int t = 0; t < 2; ++t)
+        for (std::uint16_t c = 0; c < 2; ++c) n += p.sink(t, c).packets.size();
+      return n == 200;
+    }));
+    for (int t = 0; t < 2; ++t)
+      for (std::uint16_t c = 0; c < 2; ++c) check_numbered(p.sink(t, c), 50);
+    CHECK(p.t[0]->domain.queue_pairs_made() == 4);  // one per pair of contexts
+    CHECK(p.t[1]->domain.queue_pairs_made() == 4);
+  }
+}
+
+TEST_CASE("handshake: a peer that answers late gets repeats, and answers each alike") {
+  Pair p(base_options(), 16);
+  Lane& lane = p.lane(0, 0, 0, false);
+  post_numbered(p, lane, 0, 5);
+  // Task 1 does not advance for 400 ms: task 0 asks again meanwhile.
+  const auto until = std::chrono::steady_clock::now() + 400ms;
+  while (std::chrono::steady_clock::now() < until) p.advance(true, false);
+  CHECK(p.device(0).counters().handshakes_sent >= 3);
+  REQUIRE(p.run_until([&] { return p.sink(1).packets.size() == 5; }));
+  check_numbered(p.sink(1), 5);
+  CHECK(p.t[1]->domain.queue_pairs_made() == 1);
+  CHECK(p.device(1).counters().handshakes_received >= 3);
+  CHECK(p.device(1).counters().connections_ready == 1);
+}
+
+TEST_CASE("handshake: a peer that never answers fails the lane and what waited on it") {
+  VerbsOptions o = base_options();
+  o.connect_timeout_ms = 300;
+  Pair p(o, 16);
+  Lane& lane = p.lane(0, 0, 0, false);
+  Recorder r(2);
+  const std::byte payload[8] = {};
+  REQUIRE(post_packet(lane, std::span(payload), {}, r.callback(0)));
+  REQUIRE(post_packet(lane, std::span(payload), {}, r.callback(1)));
+  lane.ring();
+  const auto end = std::chrono::steady_clock::now() + 30s;
+  while (r.calls.size() < 2 && std::chrono::steady_clock::now() < end) p.advance(true, false);
+  check_in_order_once(r, 2);
+  CHECK(r.calls[0].status == StatusCode::peer_failed);
+  MESSAGE(ami::to_string(r.calls[0].status));
+  REQUIRE(p.sink(0).failed.size() == 1);
+  CHECK(p.sink(0).failed[0].first == Endpoint{1, 0});
+  CHECK(static_cast<VerbsLane&>(lane).broken());
+}
+
+TEST_CASE("handshake: a request that does not carry the task's published nonce is dropped and counted") {
+  // Task 1 learns task 0 with another nonce than task 0 sends.
+  VerbsOptions o = base_options();
+  o.connect_timeout_ms = 300;
+  auto t0 = std::make_unique<Task>(0, 1, o), t1 = std::make_unique<Task>(1, 1, o);
+  auto forged = t0->domain.local_address();
+  forged[44] ^= std::byte{0x5a};  // the nonce's first byte (verbs_address.cpp)
+  REQUIRE(t0->domain.connect(1, t1->domain.local_address()).ok());
+  REQUIRE(t1->domain.connect(0, forged).ok());
+  VerbsDevice d0(t0->domain, 0, 16), d1(t1->domain, 0, 16);
+  Sink s0, s1;
+  Lane* lane = d0.lane(Endpoint{1, 0});
+  REQUIRE(lane != nullptr);
+  const auto end = std::chrono::steady_clock::now() + 30s;
+  while (!static_cast<VerbsLane*>(lane)->broken() && std::chrono::steady_clock::now() < end) {
+    (void)d0.progress(s0, 64);
+    (void)d1.progress(s1, 64);
+  }
+  CHECK(static_cast<VerbsLane*>(lane)->broken());
+  CHECK(d1.counters().handshakes_dropped >= 1);
+  CHECK(d1.counters().handshakes_received == 0);
+  CHECK(t1->domain.queue_pairs_made() == 0);
 }

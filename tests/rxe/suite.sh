@@ -7,7 +7,7 @@
 # (rxe0 active, perftest pairs complete), the verbs backend's own tests, the
 # backend-agnostic tests on verbs (the collectives among them), then every
 # perftest-like tool on verbs with perftest's device options, connected by
-# rdma_cm and by the bootstrap's address exchange, each checked for its
+# rdma_cm and by the handshake on first use, each checked for its
 # result row. Every step runs even when an earlier one failed (except a
 # failed smoke check: then rxe0 is unusable); the exit status is 0 only when
 # every step passed, 77 when it cannot run here.
@@ -65,6 +65,7 @@ tool_step() {
 step smoke "$here/smoke.sh" || { echo "rxe0 is not usable: the verbs tests cannot run"; exit 1; }
 step test_verbs "$build/tests/backends/test_verbs"
 step backends_verbs "$build/tests/backends/test_backends_verbs"
+step wireup_verbs "$build/tests/backends/test_wireup_verbs"
 step peer_failure_verbs "$build/tests/protocol/test_peer_failure_verbs"
 step collectives_verbs "$build/tests/collectives/test_collectives_verbs"
 # The libfabric backend on verbs;ofi_rxm over rxe0 (the conformance suite's
