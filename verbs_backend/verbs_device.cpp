@@ -95,11 +95,14 @@ device::Lane* VerbsDevice::lane(Endpoint peer) {
   if (lanes_[i]) return lanes_[i].get();
   Connection* c = connection(i);
   try {
-    const bool fresh = c == nullptr;
-    if (fresh) c = &domain_.new_connection(context_, peer, true);
+    // The request goes before the lane's registrations are made: the peer
+    // makes its queue pair meanwhile.
+    if (c == nullptr) {
+      c = &domain_.new_connection(context_, peer, true);
+      start_request(*c, peer);
+    }
     lanes_[i] = std::make_unique<VerbsLane>(*this, peer, static_cast<std::uint32_t>(i), c->qp.get(), fifo_depth_,
                                             domain_.max_packet(peer.task));
-    if (fresh) start_request(*c, peer);
   } catch (const std::exception& e) {
     log("no lane from context %u to task %u context %u: %s", context_, peer.task, peer.context, e.what());
     return nullptr;

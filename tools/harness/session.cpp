@@ -38,10 +38,11 @@ constexpr std::uint16_t kData = 1, kControl = 2;
 // size, answered by kSyncAck once the server is. kRemoteDone: the client
 // runs with --remote_done (the server's echoes ask for remote_done too);
 // kAckStats: send me the acks you sent (kAckReport, an AckFigures), once
-// every remote_done you asked for has run.
+// every remote_done you asked for has run. kHello: the first word, answered
+// by kSyncAck: the lane is connected both ways (its banner has both ends).
 enum Op : std::uint32_t {
   kPrepare = 1, kKey = 2, kSync = 3, kSyncAck = 4, kQuit = 5, kPeerKey = 6,
-  kRemoteDone = 7, kAckStats = 8, kAckReport = 9
+  kRemoteDone = 7, kAckStats = 8, kAckReport = 9, kHello = 10
 };
 struct Control {
   std::uint32_t op = 0;
@@ -267,6 +268,7 @@ class Server {
         }
         control(s->c_, s->peer_, {kSyncAck, 0, m.arg});
         break;
+      case kHello: control(s->c_, s->peer_, {kSyncAck, 0, 0}); break;
       case kRemoteDone: s->echo_remote_done_ = true; break;
       case kAckStats: s->ack_report_wanted_ = true; break;
       case kQuit: s->quit_ = true; break;
@@ -311,6 +313,11 @@ class Driver {
   }
 
   void run() {
+    // Lanes connect on first use: one round trip first, so that the banner
+    // shows the connected lane (perftest prints it after its exchange too).
+    synced_ = false;
+    control(c_, peer_, {kHello, 0, 0});
+    wait(synced_);
     const std::string setup = banner_lines();
     print_banner(o_, setup);
     if (is_latency(o_.test)) print_latency_header();
