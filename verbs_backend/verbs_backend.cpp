@@ -36,6 +36,9 @@ VerbsOptions VerbsOptions::from(const Config& c) {
   if (auto inline_bytes = c.number_or_auto(Param("AMI_VERBS_MAX_INLINE")))
     v.max_inline = static_cast<std::uint32_t>(*inline_bytes);
   v.immediate = c.flag(Param("AMI_VERBS_IMMEDIATE"));
+  if (auto staging = c.number_or_auto(Param("AMI_VERBS_STAGING_SIZE")))
+    v.staging_bytes = static_cast<std::uint32_t>(*staging);
+  v.connect_timeout_ms = static_cast<std::uint32_t>(c.number(Param("AMI_VERBS_CONNECT_TIMEOUT")));
   v.timeout = static_cast<std::uint8_t>(c.number(Param("AMI_VERBS_TIMEOUT")));
   v.retry_count = static_cast<std::uint8_t>(c.number(Param("AMI_VERBS_RETRY_COUNT")));
   return v;

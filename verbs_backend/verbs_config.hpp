@@ -55,6 +55,14 @@ inline constexpr ParamSpec kParams[] = {
      "Bytes per receive buffer, so the largest packet over verbs: auto (8 KiB on a NIC; 128 KiB "
      "on a software device, where each work request and completion costs the kernel's CPU as much "
      "as pages of data) or a power of two from 512 B to 1 MiB.", true},
+    {"AMI_VERBS_STAGING_SIZE", "auto", ParamType::power_of_two, 4096, 1u << 30,
+     "Bytes of each lane's registered staging ring, where unregistered payloads are copied for "
+     "the NIC: auto (64 KiB) or a power of two from 4 KiB to 1 GiB; at least two receive buffers "
+     "(AMI_VERBS_BOUNCE_SIZE) are used. Made with the lane, when a context first talks to a peer.",
+     true},
+    {"AMI_VERBS_CONNECT_TIMEOUT", "30000", ParamType::unsigned_int, 100, 3600000,
+     "Milliseconds a lane's connection may take (the handshake, from its first request; rdma_cm, "
+     "all lanes to one peer) before the lane fails and the peer is taken as gone."},
 };
 static_assert(rows_are_sound(kParams), "verbs_config.hpp: a row has a bad name, range or default");
 

@@ -68,7 +68,7 @@ struct VerbsOptions {
   std::uint32_t staging_bytes = 64 * 1024;   // per lane: registered ring packet payloads are copied into (at least 2 x bounce_bytes)
   // rdma_cm: for all lanes to one peer; handshake: for one lane, from its
   // first request (retried with back-off) to the peer's answer.
-  std::uint32_t connect_timeout_ms = 30000;
+  std::uint32_t connect_timeout_ms = Param("AMI_VERBS_CONNECT_TIMEOUT").default_as<std::uint32_t>();
   // Transport retries before IBV_WC_RETRY_EXC_ERR. Not 7: soft-RoCE takes 7
   // as "retry forever" (as the spec has it for rnr_retry only), so a dead
   // peer would never fail its lane there; 6 x 67 ms finds one in about 0.5 s.
