@@ -417,7 +417,7 @@ pid_t child_task(std::uint32_t task, const ami::shm::PeerAddress& parent, int to
   ami::device::RegionTable regions(1, task, 4);
   ami::shm::ShmDomain d(task, 3, 1, {.queue_depth = 16, .cell_bytes = 256}, regions);
   const ami::shm::PeerAddress mine{task, static_cast<std::uint32_t>(getpid()), d.segment_fd(), 1};
-  if (!d.attach(parent).ok() || !write_all(to_parent, &mine, sizeof mine)) _exit(2);
+  if (!d.learn(parent).ok() || !d.map(0).ok() || !write_all(to_parent, &mine, sizeof mine)) _exit(2);
   act(d.peer_queue(0, 0));
   _exit(3);
 }
@@ -458,7 +458,7 @@ TEST_CASE("a process killed while holding a cell of a peer's ring: the ring goes
   for (int i = 0; i < 2; ++i) {
     ami::shm::PeerAddress a{};
     REQUIRE(read_all(up[0], &a, sizeof a));
-    REQUIRE(d0.attach(a).ok());
+    REQUIRE(d0.learn(a).ok());
   }
   ami::shm::ShmDevice device(d0, 0, 16);
   REQUIRE(device.lane({2, 0}) != nullptr);  // none to task 1 yet: one is made (and failed) when its death is seen
