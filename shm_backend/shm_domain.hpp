@@ -99,8 +99,9 @@ class ShmDomain {
   // Mapped peers whose process exited. Each context's device calls watch()
   // now and then (it looks at most every 10 ms, whichever context asks);
   // deaths() counts the exits seen so far, dead(task) says which, and
-  // dead_tasks() lists them. A peer not mapped here is not watched: the
-  // bootstrap tells the contexts of its end, and mapping it fails.
+  // dead_tasks() lists them. A peer not mapped here is not watched: the TCP
+  // bootstrap tells the contexts of its end (PMIx does not), and mapping it
+  // fails.
   void watch();
   // A context's ring is held up by a cell its producer reserved and never
   // committed, and no peer is known to have failed: the producer may be one
