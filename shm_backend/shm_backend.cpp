@@ -1,6 +1,8 @@
 // shm_backend/shm_backend.cpp — the shm backend's setup: the domain from
-// the configuration, the address entry, attaching the peers of this host.
-// The per-message path is shm_datapath.cpp and shm_rdma.cpp.
+// the configuration, the address entry, learning the peers of this host.
+// A peer's segment is not touched here: a context maps it the first time
+// it needs it (ShmDomain::map). The per-message path is shm_datapath.cpp
+// and shm_rdma.cpp.
 #include "shm_backend.hpp"
 
 #include <atomic>
@@ -44,13 +46,16 @@ class ShmBackend final : public device::Backend {
     return true;
   }
 
+  // Learns the peer: what can be checked without touching it is checked
+  // here, so a malformed address is refused at setup. Its segment is mapped
+  // on first use; a segment that cannot be mapped then fails the lanes to
+  // the peer, not the job.
   std::string connect(const device::TaskFacts& peer, std::span<const std::byte> entry) override {
     std::int32_t fd = -1;
     if (entry.size() == sizeof fd) std::memcpy(&fd, entry.data(), sizeof fd);
     if (fd < 0 || peer.pid == 0) return "its shared-memory segment cannot be used: its address names no segment";
-    Status s = domain_.attach({peer.task, peer.pid, fd, peer.contexts});
+    Status s = domain_.learn({peer.task, peer.pid, fd, peer.contexts});
     if (!s.ok()) return "its shared-memory segment cannot be used: " + to_string(s);
-    ++peers_;
     return {};
   }
 
@@ -81,10 +86,13 @@ class ShmBackend final : public device::Backend {
   }
 
   bool reaches(std::uint32_t task) const override { return domain_.reaches(task); }
-  std::uint32_t tasks_reached() const override { return peers_; }
+  std::uint32_t tasks_reached() const override { return domain_.peers_known(); }
 
+  // "shm: 3 peer task(s) on this host, 1 segment(s) mapped, ring ...": the
+  // peers learnt at setup, and those some context has used so far.
   std::string describe() const override {
-    return "shm: " + std::to_string(peers_) + " peer task(s) on this host, ring " + ring_ + ", PUT/GET by " +
+    return "shm: " + std::to_string(domain_.peers_known()) + " peer task(s) on this host, " +
+           std::to_string(domain_.segments_mapped()) + " segment(s) mapped, ring " + ring_ + ", PUT/GET by " +
            std::string(domain_.rdma_mode());
   }
 
@@ -95,7 +103,6 @@ class ShmBackend final : public device::Backend {
  private:
   ShmDomain domain_;
   std::string ring_;  // "depth x cell B", for describe()
-  std::uint32_t peers_ = 0;
   std::unordered_map<std::uint32_t, SharedRegionHeader*> headers_;  // allocate_memory()'s regions, by number
 };
 

@@ -16,29 +16,39 @@ constexpr Status kPeerExited{StatusCode::peer_failed, "shm: the peer process exi
 ShmDevice::ShmDevice(ShmDomain& domain, std::uint16_t context, std::uint32_t fifo_depth)
     : domain_(domain), context_(context), fifo_depth_(fifo_depth),
       lanes_(std::size_t{domain.tasks()} * domain.contexts()) {
-  active_.reserve(lanes_.size());
-  responses_.reserve(lanes_.size());
   // Ring cells go back to the producers in batches of an eighth of the ring
   // (and in every lull, by return_credit()).
   device::ReceptionQueue& q = domain_.own_queue(context_);
   q.set_credit_batch(q.depth() / 8);
 }
 
+// Every peer learnt at setup, mapped yet or not.
 bool ShmDevice::can_reach(Endpoint peer) const {
   return peer.task != domain_.task() && peer.context < domain_.contexts() &&
          domain_.reaches(peer.task);
 }
 
+// Made on first use, outside the per-message path: the first lane to a task
+// in this process maps its segment. One that cannot be mapped is made
+// failed, so that what is posted to it fails and the sink hears why.
 device::Lane* ShmDevice::lane(Endpoint peer) {
   if (!can_reach(peer)) return nullptr;
   auto& l = lanes_[std::size_t{peer.task} * domain_.contexts() + peer.context];
   if (!l) {
-    l = std::make_unique<ShmLane>(*this, peer, fifo_depth_, domain_.peer_queue(peer.task, peer.context),
-                                  domain_.pid(peer.task));
+    const Status mapped = domain_.map(peer.task);
+    device::ReceptionQueue* target = mapped.ok() ? &domain_.peer_queue(peer.task, peer.context) : nullptr;
+    l = std::make_unique<ShmLane>(*this, peer, fifo_depth_, target, domain_.pid(peer.task));
     active_.push_back(l.get());
-    if (domain_.dead(peer.task)) fail_lane(*l, kPeerExited);
+    responses_.reserve(active_.size());  // at most one answer in flight per lane
+    if (!mapped.ok()) fail_lane(*l, mapped);
+    else if (domain_.dead(peer.task)) fail_lane(*l, kPeerExited);
   }
   return l.get();
+}
+
+// (A lane without a ring is failed and never sends: any size will do.)
+std::size_t ShmLane::max_packet() const {
+  return target_ != nullptr ? target_->max_data() : device_.domain_.own_queue(device_.context_).max_data();
 }
 
 // Its failure is reported once this context's ring gave up every cell
@@ -52,15 +62,15 @@ void ShmDevice::fail_lane(ShmLane& lane, Status why) {
 
 bool ShmDevice::commit(ShmLane& lane, device::ReceptionQueue::Reservation r, std::size_t bytes,
                        std::uint16_t kind) {
-  if (lane.target_.commit(r, static_cast<std::uint32_t>(bytes), me(kind))) return true;
+  if (lane.target_->commit(r, static_cast<std::uint32_t>(bytes), me(kind))) return true;
   fail_lane(lane, kCellSkipped);  // a packet of its ordered stream is lost
   return false;
 }
 
 ShmDevice::Step ShmDevice::send_packet(ShmLane& lane, const device::PacketDescriptor& p) {
   const std::size_t bytes = std::size_t{p.inline_len} + p.payload_len;
-  if (bytes > lane.target_.max_data()) return Step::done;  // the engine never builds one
-  auto r = lane.target_.reserve();
+  if (bytes > lane.target_->max_data()) return Step::done;  // the engine never builds one
+  auto r = lane.target_->reserve();
   if (!r) return Step::stalled;
   std::memcpy(r.data(), p.inline_data, p.inline_len);
   if (p.payload_len != 0) std::memcpy(r.data() + p.inline_len, p.payload, p.payload_len);
@@ -124,13 +134,19 @@ void ShmDevice::deliver(device::PacketSink& sink, const device::ReceptionQueue::
     return;
   }
   RdmaChunk c;
+  // A ring-copy PUT or GET from a peer this context has no lane to yet
+  // makes one, which maps the peer's segment if no context has.
   ShmLane* lane = lane_from(a.origin);
   if (lane == nullptr) {
-    // From a task this context cannot reach (its segment is not mapped
-    // here): no data can go back, so a GET request would wait for ever
-    // unseen. The sink counts it (and fails the origin if nothing reaches it).
+    // From a task shm does not reach (not learnt at setup): no data can go
+    // back, so a GET request would wait for ever unseen. The sink counts it
+    // (and fails the origin if nothing reaches it).
     ++dropped_;
     sink.on_unknown_origin(from);
+    return;
+  }
+  if (lane->target_ == nullptr) {
+    ++dropped_;  // its segment could not be mapped: the lane is failed, and the sink hears why
     return;
   }
   if (a.data.size() < sizeof c) {
@@ -152,7 +168,7 @@ void ShmDevice::deliver(device::PacketSink& sink, const device::ReceptionQueue::
 // context's ring gave up every cell reserved before now.
 bool ShmDevice::abandon(Endpoint peer, Status why) {
   if (!can_reach(peer)) return false;
-  ShmLane* lane = lanes_[std::size_t{peer.task} * domain_.contexts() + peer.context].get();
+  ShmLane* lane = made_lane(peer);
   if (lane == nullptr) return false;
   fail_lane(*lane, why);
   return true;
@@ -172,19 +188,20 @@ std::size_t ShmDevice::tend_failed_lanes(device::PacketSink& sink) {
     deaths_seen_ = deaths;
     // A process that exited takes every context of its task with it: each
     // of its endpoints fails now, not only those this context has talked to
-    // (lane() makes the others failed). A death is rare; the lanes are
-    // made outside the per-message path.
-    for (std::uint32_t task = 0; task < domain_.tasks(); ++task) {
-      if (!domain_.dead(task)) continue;
+    // (lane() makes the others failed; to a task that died before it was
+    // mapped here, they are failed from the start). A death is rare; the
+    // lanes are made outside the per-message path.
+    for (const std::uint32_t task : domain_.dead_tasks())
       for (std::uint16_t context = 0; context < domain_.contexts(); ++context)
         if (device::Lane* l = lane({task, context})) fail_lane(static_cast<ShmLane&>(*l), kPeerExited);
-    }
     std::erase_if(responses_, [&](const GetResponse& r) { return domain_.dead(r.to.task); });
   }
   // (A process can die holding a cell here before any lane to it exists.)
-  if ((failed_lanes_ != 0 || deaths_seen_ != 0) && (progress_calls_ & 255) == 0) skip_stalled_cell();
+  if ((progress_calls_ & 255) == 0) skip_stalled_cell();
   if (failed_lanes_ == 0) return 0;
-  for (ShmLane* lane : active_) {
+  // By index: the sink's callbacks may make lanes, which grows active_.
+  for (std::size_t i = 0; i < active_.size(); ++i) {
+    ShmLane* lane = active_[i];
     if (lane->failure_.ok() || own.consumed() < lane->drain_to_) continue;
     auto& fifo = lane->fifo();
     if (fifo.counter().snapshot() < fifo.injected()) work += fifo.fail_pending(lane->failure_);
@@ -202,6 +219,9 @@ std::size_t ShmDevice::tend_failed_lanes(device::PacketSink& sink) {
 // the failed lane's report (it waits for the ring to pass its cells). A cell
 // that stays so for AMI_SHM_STALL_TIMEOUT is skipped; should its producer
 // be alive after all, its commit fails and its lane to here fails with it.
+// While no failure is known the cell is not skipped, but the peers this
+// process never mapped, which nothing watches, are looked at once per
+// timeout: one of them may have died holding it.
 // (Its copy into the cell may still land after the cell was reused, and a
 // commit stalled between its look and its store is lost unseen — see
 // ReceptionQueue::commit: the price of not waiting forever, paid only by a
@@ -220,6 +240,10 @@ void ShmDevice::skip_stalled_cell() {
     return;
   }
   if (now - stalled_since_ns_ < std::int64_t{domain_.stall_timeout_ms()} * 1'000'000) return;
+  if (failed_lanes_ == 0 && deaths_seen_ == 0 && !domain_.look_at_unmapped_peers()) {
+    stalled_since_ns_ = now;  // a producer only slow, as far as is known: look again later
+    return;
+  }
   if (own.give_up(position)) ++cells_skipped_;
   stalled_since_ns_ = 0;
 }

@@ -7,6 +7,12 @@
 // where CMA is refused, a pipelined copy through the rings. The transfer
 // counter passes a descriptor when its data has left (or, for a GET, reached)
 // the local buffer. A full ring stalls the lane; nothing ever spins.
+//
+// The first lane to a peer task, in any context of this task, maps the
+// peer's segment (ShmDomain::map); so does a cell of the device's own
+// traffic from a peer no lane here leads to yet. A segment that cannot be
+// mapped makes the lane failed from the start: the sink hears why, as of
+// any lane that broke.
 #pragma once
 
 #include <cstdint>
@@ -29,11 +35,13 @@ inline constexpr Status kCellSkipped{StatusCode::peer_failed,
 
 class ShmLane final : public device::Lane {
  public:
-  ShmLane(ShmDevice& device, Endpoint peer, std::uint32_t fifo_depth, device::ReceptionQueue& target,
+  // target: the peer context's ring, nullptr when its segment could not be
+  // mapped (the lane is then failed and carries nothing).
+  ShmLane(ShmDevice& device, Endpoint peer, std::uint32_t fifo_depth, device::ReceptionQueue* target,
           std::uint32_t pid)
       : Lane(peer, fifo_depth), device_(device), target_(target), pid_(pid) {}
 
-  std::size_t max_packet() const override { return target_.max_data(); }
+  std::size_t max_packet() const override;
   // With CMA a GET is one system call and one copy; the rings move a few
   // hundred bytes per packet. Without CMA a GET goes through the rings too.
   std::uint64_t rdma_crossover() const override;
@@ -45,7 +53,7 @@ class ShmLane final : public device::Lane {
  private:
   friend class ShmDevice;
   ShmDevice& device_;
-  device::ReceptionQueue& target_;
+  device::ReceptionQueue* target_;
   std::uint32_t pid_;
   // The head descriptor's progress on the ring-copy path: a PUT is done
   // when the peer said it placed (or refused) the bytes.
@@ -131,9 +139,11 @@ class ShmDevice final : public device::Device {
   ShmDomain& domain_;
   std::uint16_t context_;
   std::uint32_t fifo_depth_;
+  // Slots for every peer endpoint (8 bytes each); the lanes, their lists
+  // and the room for answers grow only as lanes are made.
   std::vector<std::unique_ptr<ShmLane>> lanes_;  // by task * contexts + context
   std::vector<ShmLane*> active_;                 // lanes made so far
-  std::vector<GetResponse> responses_;           // GETs being answered through the rings
+  std::vector<GetResponse> responses_;           // GETs being answered through the rings; room for one a lane
   std::vector<SharedView> shared_views_;         // bounded by kMaxSharedViews
   std::uint64_t dropped_ = 0;
   std::uint32_t progress_calls_ = 0;
@@ -152,6 +162,9 @@ class ShmDevice final : public device::Device {
   std::size_t tend_failed_lanes(device::PacketSink& sink);
   void skip_stalled_cell();
   void fail_lane(ShmLane& lane, Status why);
+  ShmLane* made_lane(Endpoint peer) const {
+    return lanes_[std::size_t{peer.task} * domain_.contexts() + peer.context].get();
+  }
   // Commits a cell of lane's peer's ring; a cell the peer gave up fails the lane.
   bool commit(ShmLane& lane, device::ReceptionQueue::Reservation r, std::size_t bytes, std::uint16_t kind);
 };

@@ -1,4 +1,5 @@
-// shm_backend/shm_domain.cpp — setup of the shared-memory domain.
+// shm_backend/shm_domain.cpp — setup of the shared-memory domain, the first
+// mapping of each peer's segment, and the watch over mapped peers.
 #include "shm_domain.hpp"
 
 #include <poll.h>
@@ -24,58 +25,121 @@ bool cma_allowed() {
   return ::process_vm_readv(::getpid(), &local, 1, &remote, 1, 0) == static_cast<ssize_t>(sizeof to);
 }
 
+constexpr Status kExitedUnmapped{StatusCode::peer_failed,
+                                 "shm: the peer process exited before its segment was mapped"};
+
+// Has the process exited? By its pidfd where there is one.
+bool exited(int pidfd, std::uint32_t pid) {
+  if (pidfd >= 0) {
+    pollfd f{pidfd, POLLIN, 0};
+    return ::poll(&f, 1, 0) == 1 && (f.revents & (POLLIN | POLLHUP | POLLERR)) != 0;
+  }
+  return ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+}
+
 }  // namespace
 
 ShmDomain::ShmDomain(std::uint32_t task, std::uint32_t tasks, std::uint16_t contexts,
                      const DomainOptions& options, device::RegionTable& regions, std::uint8_t key_id)
-    : task_(task), regions_(regions),
-      own_(task, contexts, options.queue_depth, options.cell_bytes, regions.capacity()), peers_(tasks),
-      cma_(options.cma && cma_allowed()), stall_timeout_ms_(options.stall_timeout_ms),
-      key_id_(key_id) {
+    : task_(task), tasks_(tasks), regions_(regions),
+      own_(task, contexts, options.queue_depth, options.cell_bytes, regions.capacity()),
+      peers_(std::make_unique<Peer[]>(tasks)), cma_(options.cma && cma_allowed()),
+      stall_timeout_ms_(options.stall_timeout_ms), key_id_(key_id) {
   regions.publish_to(own_.regions());
 }
 
-Status ShmDomain::attach(const PeerAddress& peer) {
-  if (peer.task >= peers_.size() || peer.task == task_)
-    return {StatusCode::invalid_argument, "shm: attach names no other task of the job"};
+Status ShmDomain::learn(const PeerAddress& peer) {
+  if (peer.task >= tasks_ || peer.task == task_)
+    return {StatusCode::invalid_argument, "shm: the address names no other task of the job"};
   if (peer.contexts != contexts())
     return {StatusCode::invalid_argument, "shm: the peer has another number of contexts"};
-  auto segment = std::make_unique<PeerSegment>();
-  Status s = segment->open(peer.pid, peer.fd, peer.task, peer.contexts);
-  if (!s.ok()) return s;
+  if (peer.fd < 0 || peer.pid == 0)
+    return {StatusCode::invalid_argument, "shm: the address names no segment"};
   Peer& p = peers_[peer.task];
-  p.segment = std::move(segment);
+  if (p.pid == 0) ++peers_known_;
   p.pid = peer.pid;
-  // A pidfd says when the process exits, and cannot name another process
-  // that reuses its pid later.
-  p.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(peer.pid), 0));
+  p.fd = peer.fd;
   return Status::success();
 }
 
-ShmDomain::~ShmDomain() {
-  for (Peer& p : peers_)
-    if (p.pidfd >= 0) ::close(p.pidfd);
+// The slow path of map(): under the lock, so that two contexts asking at
+// once map the peer once; the one that comes second finds the first one's
+// attachment. (The device asks only for learnt tasks.)
+Status ShmDomain::map_first(std::uint32_t task) {
+  if (!reaches(task)) return {StatusCode::unreachable, "shm: the task is not a peer on this host"};
+  std::lock_guard lock(lock_);
+  Peer& p = peers_[task];
+  if (const Attachment* a = p.attachment.load(std::memory_order_acquire)) return a->status;
+  auto a = std::make_unique<Attachment>();
+  a->task = task;
+  a->status = open_segment(p, *a);
+  if (a->status.ok()) segments_mapped_.fetch_add(1, std::memory_order_relaxed);
+  p.attachment.store(a.get(), std::memory_order_release);
+  attachments_.push_back(std::move(a));
+  return attachments_.back()->status;
 }
 
+// The pidfd comes first: it says when the process exits, and cannot name
+// another process that reuses its pid later. A peer that exited since setup
+// has no segment to open any more (its descriptors went with it).
+Status ShmDomain::open_segment(const Peer& p, Attachment& a) {
+  a.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(p.pid), 0));
+  if (a.pidfd < 0 && errno == ESRCH) return kExitedUnmapped;
+  const Status s = a.segment.open(p.pid, p.fd, a.task, contexts());
+  if (s.ok()) return s;
+  const bool gone = exited(a.pidfd, p.pid);
+  if (a.pidfd >= 0) ::close(a.pidfd);
+  a.pidfd = -1;
+  return gone ? kExitedUnmapped : Status{StatusCode::peer_failed, s.what()};
+}
+
+ShmDomain::~ShmDomain() {
+  for (const auto& a : attachments_)
+    if (a->pidfd >= 0) ::close(a->pidfd);
+}
+
+// Only the mapped peers are looked at: the others cost nothing here.
 void ShmDomain::watch() {
-  std::unique_lock lock(watch_lock_, std::try_to_lock);
-  if (!lock.owns_lock()) return;  // another context is looking
+  std::unique_lock lock(lock_, std::try_to_lock);
+  if (!lock.owns_lock()) return;  // another context is looking, or mapping a peer
   const std::int64_t now = device::coarse_now_ns();
   if (now < next_watch_ns_) return;
   next_watch_ns_ = now + 10'000'000;
-  for (Peer& p : peers_) {
-    if (p.segment == nullptr || p.dead->load(std::memory_order_relaxed)) continue;
-    bool exited = false;
-    if (p.pidfd >= 0) {
-      pollfd f{p.pidfd, POLLIN, 0};
-      exited = ::poll(&f, 1, 0) == 1 && (f.revents & (POLLIN | POLLHUP | POLLERR)) != 0;
-    } else {
-      exited = ::kill(static_cast<pid_t>(p.pid), 0) != 0 && errno == ESRCH;
-    }
-    if (!exited) continue;
-    p.dead->store(true, std::memory_order_release);
-    deaths_.fetch_add(1, std::memory_order_acq_rel);
+  for (const auto& a : attachments_) {
+    const Peer& p = peers_[a->task];
+    if (!a->status.ok() || p.dead.load(std::memory_order_relaxed)) continue;
+    if (exited(a->pidfd, p.pid)) mark_dead(a->task);
   }
+}
+
+// Rare: only while a ring is held up past AMI_SHM_STALL_TIMEOUT. A pidfd
+// opened for the look is closed at once.
+bool ShmDomain::look_at_unmapped_peers() {
+  std::unique_lock lock(lock_, std::try_to_lock);
+  if (lock.owns_lock()) {
+    for (std::uint32_t task = 0; task < tasks_; ++task) {
+      const Peer& p = peers_[task];
+      if (p.pid == 0 || p.attachment.load(std::memory_order_relaxed) != nullptr ||
+          p.dead.load(std::memory_order_relaxed))
+        continue;
+      const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(p.pid), 0));
+      const bool gone = pidfd >= 0 ? exited(pidfd, p.pid) : errno == ESRCH || exited(-1, p.pid);
+      if (pidfd >= 0) ::close(pidfd);
+      if (gone) mark_dead(task);
+    }
+  }
+  return deaths() != 0;
+}
+
+void ShmDomain::mark_dead(std::uint32_t task) {
+  peers_[task].dead.store(true, std::memory_order_release);
+  dead_list_.push_back(task);
+  deaths_.fetch_add(1, std::memory_order_acq_rel);
+}
+
+std::vector<std::uint32_t> ShmDomain::dead_tasks() {
+  std::lock_guard lock(lock_);
+  return dead_list_;
 }
 
 }  // namespace ami::shm

@@ -1,11 +1,20 @@
 // shm_backend/shm_domain.hpp — what the contexts of one task share for
-// shared memory: its own segment, the mapped segments of the peers on this
-// host, the region table remote accesses are checked against, and whether
-// PUT/GET use CMA (process_vm_writev/readv) or the copy through the rings.
+// shared memory: its own segment, the peers on this host and their
+// segments once mapped, the region table remote accesses are checked
+// against, and whether PUT/GET use CMA (process_vm_writev/readv) or the copy
+// through the rings.
 //
 // Owned by the task's shm backend (shm_backend.cpp); built before the
 // contexts and destroyed after them.
-// attach() is called during setup only; the data path reads.
+//
+// A peer is learnt during setup (learn(), from connect()): its pid, the
+// number of its segment's descriptor and its contexts, checked as far as
+// that can be done without touching the peer. Its segment is opened and
+// mapped the first time a context needs it (map(): a lane to the peer is
+// made, or a cell of the device's own traffic comes from it), once for all
+// the contexts of the task. Contexts may be advanced by different threads:
+// the first mapping of a peer is made under a mutex and published through
+// an atomic pointer, which the data path reads without a lock.
 #pragma once
 
 #include <atomic>
@@ -43,42 +52,71 @@ class ShmDomain {
   ShmDomain& operator=(const ShmDomain&) = delete;
 
   std::uint32_t task() const { return task_; }
-  std::uint32_t tasks() const { return static_cast<std::uint32_t>(peers_.size()); }
+  std::uint32_t tasks() const { return tasks_; }
   std::uint16_t contexts() const { return own_.contexts(); }
   int segment_fd() const { return own_.fd(); }
   const device::RegionTable& regions() const { return regions_; }
   std::uint32_t stall_timeout_ms() const { return stall_timeout_ms_; }
   std::uint8_t key_id() const { return key_id_; }
 
-  // Maps a peer's segment; its status says why a peer stays unreachable.
-  Status attach(const PeerAddress& peer);
-  bool reaches(std::uint32_t task) const {
-    return task < peers_.size() && peers_[task].segment != nullptr;
-  }
+  // Records a peer of this host (setup only: before any context runs).
+  // Nothing of the peer is touched; its status says why a peer stays
+  // unreachable: it names no other task of the job, no segment, or has
+  // another number of contexts.
+  Status learn(const PeerAddress& peer);
+  // Learnt: the peer is reached by shm, mapped or not.
+  bool reaches(std::uint32_t task) const { return task < tasks_ && peers_[task].pid != 0; }
   std::uint32_t pid(std::uint32_t task) const { return peers_[task].pid; }
+  std::uint32_t peers_known() const { return peers_known_; }
+
+  // Maps a learnt peer's segment, the first time any context asks; later
+  // calls return what the first one found. Not ok: the segment cannot be
+  // used (the peer exited, its segment cannot be opened or is not what it
+  // should be), as a peer_failed status naming why, for the lane to fail
+  // with. Safe from every context's thread; a peer is mapped once.
+  Status map(std::uint32_t task) {
+    if (const Attachment* a = peers_[task].attachment.load(std::memory_order_acquire)) return a->status;
+    return map_first(task);
+  }
+  // Segments of peers mapped so far (each counted once), for describe()
+  // and the tests.
+  std::uint32_t segments_mapped() const { return segments_mapped_.load(std::memory_order_relaxed); }
+
+  // The calls below want the task's segment mapped (map() returned ok).
+  device::ReceptionQueue& peer_queue(std::uint32_t task, std::uint16_t context) {
+    return segment(task).queue(context);
+  }
   // May this process copy into or out of [address, + bytes) of task's
   // memory with the key? Checked against the region table the peer
   // publishes in its segment, as the peer itself would check it.
   Status check_peer_key(std::uint32_t task, const RemoteKey& key, std::uint64_t address,
                         std::uint64_t bytes) const {
-    const PeerSegment& s = *peers_[task].segment;
+    const PeerSegment& s = segment(task);
     return device::RegionTable::check_published(s.regions(), s.region_capacity(), regions_.job(), task,
                                                 key, address, bytes);
   }
 
-  // Peer processes that exited. Each context's device calls watch() now and
-  // then (it looks at most every 10 ms, whichever context asks); deaths()
-  // counts the exits seen so far and dead(task) says which.
+  // Mapped peers whose process exited. Each context's device calls watch()
+  // now and then (it looks at most every 10 ms, whichever context asks);
+  // deaths() counts the exits seen so far, dead(task) says which, and
+  // dead_tasks() lists them. A peer not mapped here is not watched: the TCP
+  // bootstrap tells the contexts of its end (PMIx does not), and mapping it
+  // fails.
   void watch();
+  // A context's ring is held up by a cell its producer reserved and never
+  // committed, and no peer is known to have failed: the producer may be one
+  // that died without this process ever mapping it (so never watched). The
+  // one look at unmapped peers: each learnt one's process, by its pid
+  // (nothing of its segment), counted as a death once exited. Returns
+  // whether any peer is known dead now.
+  bool look_at_unmapped_peers();
   std::uint64_t deaths() const { return deaths_.load(std::memory_order_acquire); }
   bool dead(std::uint32_t task) const {
-    return task < peers_.size() && peers_[task].dead->load(std::memory_order_acquire);
+    return task < tasks_ && peers_[task].dead.load(std::memory_order_acquire);
   }
+  std::vector<std::uint32_t> dead_tasks();
 
   device::ReceptionQueue& own_queue(std::uint16_t context) { return own_.queue(context); }
-  device::ReceptionQueue& peer_queue(std::uint32_t task, std::uint16_t context) {
-    return peers_[task].segment->queue(context);
-  }
 
   bool cma() const { return cma_.load(std::memory_order_relaxed); }
   // CMA was refused (EPERM, ENOSYS): every context switches to the rings.
@@ -86,22 +124,48 @@ class ShmDomain {
   std::string_view rdma_mode() const { return cma() ? "cma" : "ring-copy"; }
 
  private:
-  struct Peer {
-    std::unique_ptr<PeerSegment> segment;
-    std::uint32_t pid = 0;
+  // A peer's segment once mapped here, or why it could not be mapped. Made
+  // once per peer, on first use, and kept until the domain goes.
+  struct Attachment {
+    std::uint32_t task = 0;
+    Status status;        // ok: segment is mapped
+    PeerSegment segment;
     int pidfd = -1;  // readable once the process exited; -1: checked by kill(pid, 0)
-    std::unique_ptr<std::atomic<bool>> dead = std::make_unique<std::atomic<bool>>(false);
   };
+  // What the domain holds for every task of the job, learnt or not: 24
+  // bytes until the peer is first used.
+  struct Peer {
+    std::atomic<Attachment*> attachment{nullptr};  // published once, under lock_
+    std::uint32_t pid = 0;                         // 0: not learnt (another host, or refused)
+    std::int32_t fd = -1;                          // the segment's descriptor in the peer
+    std::atomic<bool> dead{false};
+  };
+  static_assert(sizeof(Peer) <= 24);
+
+  Status map_first(std::uint32_t task);
+  void mark_dead(std::uint32_t task);  // under lock_
+  Status open_segment(const Peer& p, Attachment& a);
+  PeerSegment& segment(std::uint32_t task) const {
+    return peers_[task].attachment.load(std::memory_order_acquire)->segment;
+  }
 
   std::uint32_t task_;
+  std::uint32_t tasks_;
   const device::RegionTable& regions_;
   OwnSegment own_;
-  std::vector<Peer> peers_;  // by task; empty where not on this host
+  std::unique_ptr<Peer[]> peers_;  // by task
+  std::uint32_t peers_known_ = 0;
   std::atomic<bool> cma_;
   std::uint32_t stall_timeout_ms_;
   std::uint8_t key_id_;
-  std::mutex watch_lock_;
-  std::int64_t next_watch_ns_ = 0;  // under watch_lock_
+  // Taken to map a peer for the first time, by watch() and
+  // look_at_unmapped_peers() (which skip a round while it is held), and by
+  // dead_tasks(); never on the data path.
+  std::mutex lock_;
+  std::vector<std::unique_ptr<Attachment>> attachments_;  // under lock_; in the order made
+  std::vector<std::uint32_t> dead_list_;                   // under lock_; as seen
+  std::int64_t next_watch_ns_ = 0;                         // under lock_
+  std::atomic<std::uint32_t> segments_mapped_{0};
   std::atomic<std::uint64_t> deaths_{0};
 };
 

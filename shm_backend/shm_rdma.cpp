@@ -139,9 +139,9 @@ ShmDevice::Step ShmDevice::put_through_ring(ShmLane& lane, std::uint64_t n) {
     return Step::done;
   }
   const device::RdmaDescriptor& x = lane.fifo().at(n).rdma;
-  const std::size_t room = lane.target_.max_data() - sizeof(RdmaChunk);
+  const std::size_t room = lane.target_->max_data() - sizeof(RdmaChunk);
   do {
-    auto r = lane.target_.reserve();
+    auto r = lane.target_->reserve();
     if (!r) return Step::stalled;
     const std::uint64_t chunk = std::min<std::uint64_t>(room, x.length - lane.put_sent_);
     RdmaChunk c{.key = ChunkKey::of(x.remote), .remote_address = x.remote_address + lane.put_sent_, .tag = n,
@@ -161,7 +161,7 @@ ShmDevice::Step ShmDevice::get_through_ring(ShmLane& lane, std::uint64_t n) {
   const device::RdmaDescriptor& x = lane.fifo().at(n).rdma;
   if (!lane.get_waiting_) {
     if (x.length == 0) return Step::done;
-    auto r = lane.target_.reserve();
+    auto r = lane.target_->reserve();
     if (!r) return Step::stalled;
     RdmaChunk c{.key = ChunkKey::of(x.remote), .remote_address = x.remote_address, .tag = n, .bytes = x.length};
     std::memcpy(r.data(), &c, sizeof c);
@@ -243,7 +243,7 @@ std::size_t ShmDevice::serve_get_responses() {
       std::memcpy(r.data(), &c, sizeof c);
       if (chunk != 0) std::memcpy(r.data() + sizeof c, g.source + g.sent, chunk);
       if (!q.commit(r, static_cast<std::uint32_t>(sizeof c + chunk), me(g.kind))) {
-        if (auto* l = static_cast<ShmLane*>(lane(g.to))) fail_lane(*l, kCellSkipped);  // the answer is lost
+        if (ShmLane* l = made_lane(g.to)) fail_lane(*l, kCellSkipped);  // the answer is lost
         finished = true;
         break;
       }

@@ -4,10 +4,13 @@
 // nothing is left behind in /dev/shm.
 #include <algorithm>
 #include <doctest/doctest.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -417,7 +420,7 @@ pid_t child_task(std::uint32_t task, const ami::shm::PeerAddress& parent, int to
   ami::device::RegionTable regions(1, task, 4);
   ami::shm::ShmDomain d(task, 3, 1, {.queue_depth = 16, .cell_bytes = 256}, regions);
   const ami::shm::PeerAddress mine{task, static_cast<std::uint32_t>(getpid()), d.segment_fd(), 1};
-  if (!d.attach(parent).ok() || !write_all(to_parent, &mine, sizeof mine)) _exit(2);
+  if (!d.learn(parent).ok() || !d.map(0).ok() || !write_all(to_parent, &mine, sizeof mine)) _exit(2);
   act(d.peer_queue(0, 0));
   _exit(3);
 }
@@ -458,7 +461,7 @@ TEST_CASE("a process killed while holding a cell of a peer's ring: the ring goes
   for (int i = 0; i < 2; ++i) {
     ami::shm::PeerAddress a{};
     REQUIRE(read_all(up[0], &a, sizeof a));
-    REQUIRE(d0.attach(a).ok());
+    REQUIRE(d0.learn(a).ok());
   }
   ami::shm::ShmDevice device(d0, 0, 16);
   REQUIRE(device.lane({2, 0}) != nullptr);  // none to task 1 yet: one is made (and failed) when its death is seen
@@ -663,4 +666,275 @@ TEST_CASE("two processes: a sender that exits right after its stream leaves the 
   const auto before = dev_shm();
   CHECK(run_job(2, Config{}, {survivor, quitter}, std::chrono::seconds(60)) == std::vector<int>{0, 0});
   CHECK(dev_shm() == before);
+}
+
+// Peers' segments are mapped on first use: connect() only learns a peer.
+namespace {
+
+// The shm line of describe_backends(): "shm: N peer task(s) on this host,
+// M segment(s) mapped, ...".
+std::string shm_line(const Client& client) {
+  const std::string all = client.describe_backends();
+  const std::size_t at = all.find("shm: ");
+  return at == std::string::npos ? std::string() : all.substr(at, all.find('\n', at) - at);
+}
+
+bool says(const std::string& line, const std::string& words) { return line.find(words) != std::string::npos; }
+
+// Posts a packet of these bytes on the lane, as the engine would.
+bool post_packet(ami::device::Lane& lane, std::span<const std::byte> bytes, Callback cb = {}) {
+  ami::device::Descriptor* d = lane.fifo().try_reserve();
+  if (d == nullptr) return false;
+  d->kind = ami::device::DescriptorKind::packet;
+  d->packet = ami::device::PacketDescriptor{};
+  d->packet.inline_len = static_cast<std::uint16_t>(bytes.size());
+  std::memcpy(d->packet.inline_data, bytes.data(), bytes.size());
+  lane.fifo().commit(cb);
+  lane.ring();
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("four processes on shm, each talking only to its neighbour, map one peer segment each") {
+  // Tasks 0 and 1 talk, and 2 and 3, both ways and from every context: each
+  // context sends to the next context of its neighbour, whose segment no
+  // context has mapped yet. A message of 100 KB is stopped and fetched by
+  // GET, from a peer the receiver mapped when its first packet came.
+  constexpr std::uint16_t kContexts = 3;
+  constexpr std::size_t kSmall = 1000, kLarge = 100000;
+  auto neighbours = [](Client& client) {
+    const std::string before = shm_line(client);
+    if (!says(before, "3 peer task(s) on this host, 0 segment(s) mapped")) {
+      std::fprintf(stderr, "task %u at start: %s\n", client.task(), before.c_str());
+      return 2;
+    }
+    const std::uint32_t neighbour = client.task() ^ 1;
+    struct Got {
+      int whole = 0;
+      int bad = 0;
+      std::size_t bytes = 0;
+      std::vector<std::vector<std::uint8_t>> buffers;
+    } got[kContexts];
+    // (Cells of 256 B: the 1000-byte message comes in packets too.)
+    auto handler = +[](void* g, const Incoming& in, Receive* recv) {
+      auto* k = static_cast<Got*>(g);
+      k->bytes += in.total_bytes;
+      if (recv == nullptr) {
+        ++k->whole;
+        return;
+      }
+      k->buffers.emplace_back(in.total_bytes);
+      recv->buffer = k->buffers.back().data();
+      recv->done = {+[](void* kk, Status s) { ++(s.ok() ? static_cast<Got*>(kk)->whole : static_cast<Got*>(kk)->bad); }, k};
+    };
+    for (std::uint16_t c = 0; c < kContexts; ++c) {
+      got[c].buffers.reserve(4);
+      if (!client.context(c).set_dispatch(3, {handler, &got[c]}).ok()) return 3;
+    }
+    std::vector<std::uint8_t> small(kSmall, 1), large(kLarge, 2);
+    int sent = 0, failed = 0;
+    const Callback done{+[](void* n, Status s) { *static_cast<int*>(n) += s.ok() ? 1 : 1000; }, &sent};
+    for (std::uint16_t c = 0; c < kContexts; ++c) {
+      const Endpoint to{neighbour, static_cast<std::uint16_t>((c + 1) % kContexts)};
+      for (const auto* payload : {&small, &large})
+        if (!client.context(c).send({.dest = to, .dispatch = 3, .payload = std::as_bytes(std::span(*payload)),
+                                     .local_done = done}).ok())
+          ++failed;
+    }
+    if (failed != 0) return 4;
+    auto all_in = [&] {
+      for (const Got& g : got)
+        if (g.whole < 2) return false;
+      return sent >= 2 * kContexts;
+    };
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!all_in() && std::chrono::steady_clock::now() < end)
+      for (std::uint16_t c = 0; c < kContexts; ++c) (void)client.context(c).advance();
+    if (!all_in()) return 5;
+    for (const Got& g : got)
+      if (g.bad != 0 || g.whole != 2 || g.bytes != kSmall + kLarge || sent != 2 * kContexts) return 6;
+    // The neighbour's last packets are drained before it goes.
+    for (int i = 0; i < 3000; ++i)
+      for (std::uint16_t c = 0; c < kContexts; ++c) (void)client.context(c).advance();
+    const std::string after = shm_line(client);
+    if (!says(after, "3 peer task(s) on this host, 1 segment(s) mapped")) {
+      std::fprintf(stderr, "task %u at the end: %s\n", client.task(), after.c_str());
+      return 7;
+    }
+    return 0;
+  };
+  const Config config = test::config_with({{"AMI_JOB_KEY", make_job_key()}});
+  const auto pids = spawn_ranks(4, [&](std::uint32_t r, const std::string& address) {
+    ClientOptions o = job(r, 4, address, config);
+    o.contexts = kContexts;
+    return o;
+  }, {neighbours, neighbours, neighbours, neighbours});
+  const auto codes = wait_all(pids, std::chrono::seconds(60));
+  for (int c : codes) MESSAGE("exit " << c);
+  CHECK(codes == std::vector<int>{0, 0, 0, 0});
+}
+
+TEST_CASE("a ring-copy PUT and GET from an origin the target never sent to: the target maps it and serves") {
+  // The key goes from rank 1 to rank 0 through a pipe, so rank 1 has never
+  // used rank 0 when the first PUT cell comes. With CMA off, the PUT and
+  // the GET travel through the rings and rank 1 answers them.
+  int key_pipe[2], done_pipe[2];
+  REQUIRE(pipe(key_pipe) == 0);
+  REQUIRE(pipe(done_pipe) == 0);
+  constexpr std::size_t kBytes = 100003;
+  auto origin = [&](Client& client) {
+    Context& c = client.context(0);
+    std::array<std::byte, RemoteKey::kSerializedSize> bytes{};
+    RemoteKey key;
+    if (!read_all(key_pipe[0], bytes.data(), bytes.size()) || !RemoteKey::from_bytes(bytes, key).ok()) return 2;
+    std::vector<std::uint8_t> src(kBytes), back(kBytes, 0);
+    for (std::size_t i = 0; i < kBytes; ++i) src[i] = byte_at(i, 5);
+    Memory sm, bm;
+    if (!client.register_memory(src.data(), kBytes, sm).ok() || !client.register_memory(back.data(), kBytes, bm).ok())
+      return 3;
+    int done = 0, bad = 0;
+    const Callback cb{+[](void* d, Status s) { *static_cast<int*>(d) += s.ok() ? 1 : 1000; }, &done};
+    if (!c.put({.dest = {1, 0}, .local = &sm, .remote = key, .bytes = kBytes, .local_done = cb}).ok()) return 4;
+    if (!progress_until(c, [&] { return done != 0; }) || done != 1) return 5;
+    if (!c.get({.dest = {1, 0}, .local = &bm, .remote = key, .bytes = kBytes, .local_done = cb}).ok()) return 6;
+    if (!progress_until(c, [&] { return done != 1; }) || done != 2) return 7;
+    if (std::memcmp(src.data(), back.data(), kBytes) != 0) ++bad;
+    if (!says(shm_line(client), "1 segment(s) mapped, ring 256 x 256 B, PUT/GET by ring-copy")) ++bad;
+    if (!write_all(done_pipe[1], "d", 1)) return 8;
+    return bad == 0 ? 0 : 9;
+  };
+  auto target = [&](Client& client) {
+    Context& c = client.context(0);
+    std::vector<std::uint8_t> region(kBytes, 0);
+    Memory m;
+    if (!client.register_memory(region.data(), kBytes, m).ok()) return 2;
+    if (!says(shm_line(client), "0 segment(s) mapped")) return 3;
+    const auto key = m.remote_key().to_bytes();
+    if (!write_all(key_pipe[1], key.data(), key.size())) return 4;
+    pollfd done{done_pipe[0], POLLIN, 0};
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (::poll(&done, 1, 0) == 0 && std::chrono::steady_clock::now() < end)
+      for (int i = 0; i < 100; ++i) (void)c.advance();
+    if (done.revents == 0) return 5;
+    for (std::size_t i = 0; i < kBytes; ++i)
+      if (region[i] != byte_at(i, 5)) return 6;
+    if (!says(shm_line(client), "1 segment(s) mapped")) return 7;
+    return 0;
+  };
+  const Config config = test::config_with({{"AMI_SHM_CMA", "off"}});
+  CHECK(run_job(2, config, {origin, target}) == std::vector<int>{0, 0});
+  for (int fd : {key_pipe[0], key_pipe[1], done_pipe[0], done_pipe[1]}) ::close(fd);
+}
+
+TEST_CASE("two contexts of one task racing to map the same peer map it once") {
+  // Task 1's segment is this process's own; task 0's two contexts make a
+  // lane to it at the same moment from two threads, round after round, each
+  // round with a fresh domain. Each lane must work: a packet through each
+  // arrives in task 1's rings.
+  ami::device::RegionTable regions1(1, 1, 4);
+  ami::shm::ShmDomain d1(1, 2, 2, {.queue_depth = 16, .cell_bytes = 256}, regions1);
+  ami::shm::ShmDevice into0(d1, 0, 16), into1(d1, 1, 16);
+  const ami::shm::PeerAddress task1{1, static_cast<std::uint32_t>(getpid()), d1.segment_fd(), 2};
+  const std::size_t fds = open_fds();
+  for (int round = 0; round < 1000; ++round) {
+    CAPTURE(round);
+    ami::device::RegionTable regions0(1, 0, 4);
+    ami::shm::ShmDomain d0(0, 2, 2, {.queue_depth = 16, .cell_bytes = 256}, regions0);
+    REQUIRE(d0.learn(task1).ok());
+    ami::shm::ShmDevice a(d0, 0, 16), b(d0, 1, 16);
+    std::atomic<int> ready{0};
+    ami::device::Lane* lanes[2] = {};
+    auto make = [&](ami::shm::ShmDevice& device, int i) {
+      ready.fetch_add(1);
+      while (ready.load() < 2) {
+      }
+      lanes[i] = device.lane({1, static_cast<std::uint16_t>(i)});
+    };
+    std::thread other(make, std::ref(b), 1);
+    make(a, 0);
+    other.join();
+    REQUIRE(lanes[0] != nullptr);
+    REQUIRE(lanes[1] != nullptr);
+    CHECK(d0.segments_mapped() == 1);
+    for (int i = 0; i < 2; ++i) {
+      const std::byte word[4] = {std::byte{'l'}, std::byte{'a'}, std::byte{'n'}, std::byte(i)};
+      REQUIRE(post_packet(*lanes[i], word));
+    }
+    Sink s0, s1;
+    for (int i = 0; i < 4 && (s0.packets.empty() || s1.packets.empty()); ++i) {
+      (void)into0.progress(s0, 8);
+      (void)into1.progress(s1, 8);
+    }
+    REQUIRE(s0.packets.size() == 1);
+    REQUIRE(s1.packets.size() == 1);
+    CHECK(s0.packets[0].first == Endpoint{0, 0});
+    CHECK(s1.packets[0].first == Endpoint{0, 1});
+    CHECK(s0.packets[0].second == std::string("lan\0", 4));
+    CHECK(s1.packets[0].second == std::string("lan\1", 4));
+    CHECK(s0.failed.empty());
+    CHECK(s1.failed.empty());
+  }
+  CHECK(open_fds() == fds);  // every round's segment and pidfd closed with its domain
+}
+
+TEST_CASE("a peer that exited before it was first used: its lane fails with the reason, nothing hangs") {
+  // The peer is learnt while alive and exits before anything maps it; then
+  // a packet is posted to it. The lane is made failed: the packet's
+  // callback and the sink hear peer_failed, and no segment is mapped.
+  for (const bool reaped : {true, false}) {
+    CAPTURE(reaped);
+    int up[2];
+    REQUIRE(pipe(up) == 0);
+    Children children;
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ami::device::RegionTable regions(1, 1, 4);
+      ami::shm::ShmDomain d(1, 2, 1, {.queue_depth = 16, .cell_bytes = 256}, regions);
+      const ami::shm::PeerAddress mine{1, static_cast<std::uint32_t>(getpid()), d.segment_fd(), 1};
+      _exit(write_all(up[1], &mine, sizeof mine) ? 0 : 2);
+    }
+    children.pids.push_back(pid);
+    ami::shm::PeerAddress a{};
+    REQUIRE(read_all(up[0], &a, sizeof a));
+    ami::device::RegionTable regions(1, 0, 4);
+    ami::shm::ShmDomain d0(0, 2, 1, {.queue_depth = 16, .cell_bytes = 256}, regions);
+    REQUIRE(d0.learn(a).ok());  // alive and well now
+    if (reaped) {
+      const int status = children.wait(pid);
+      REQUIRE((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+    } else {  // a zombie: gone, but its pid still names it
+      siginfo_t info{};
+      REQUIRE(waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOWAIT) == 0);
+    }
+    ami::shm::ShmDevice device(d0, 0, 16);
+    CHECK(device.can_reach({1, 0}));
+    ami::device::Lane* lane = device.lane({1, 0});
+    REQUIRE(lane != nullptr);
+    CHECK(lane->max_packet() > 0);
+    struct Heard {
+      Status status;
+      int calls = 0;
+    } heard;
+    const std::byte word[4] = {};
+    REQUIRE(post_packet(*lane, word, {+[](void* h, Status s) {
+      static_cast<Heard*>(h)->status = s;
+      ++static_cast<Heard*>(h)->calls;
+    }, &heard}));
+    Sink sink;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (sink.failed.empty() && std::chrono::steady_clock::now() < deadline) (void)device.progress(sink, 64);
+    REQUIRE(sink.failed.size() == 1);
+    CHECK(sink.failed[0].first == Endpoint{1, 0});
+    CHECK(sink.failed[0].second == StatusCode::peer_failed);
+    CHECK(std::string(sink.failed[0].second.what()) == "shm: the peer process exited before its segment was mapped");
+    CHECK(heard.calls == 1);
+    CHECK(heard.status == StatusCode::peer_failed);
+    CHECK(d0.segments_mapped() == 0);
+    for (int i = 0; i < 100; ++i) (void)device.progress(sink, 64);
+    CHECK(sink.failed.size() == 1);  // once
+    ::close(up[0]);
+    ::close(up[1]);
+  }
 }

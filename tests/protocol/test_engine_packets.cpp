@@ -157,8 +157,9 @@ TEST_CASE("a packet from an endpoint of the job that no backend here reaches is 
 }
 
 TEST_CASE("shm: cells in a context's ring from a task it cannot reach are counted by the engine, not lost") {
-  // Task 0 of two, which never mapped task 1's segment: nothing can go back
-  // to task 1 by shm. Cells are written into task 0's own ring by hand.
+  // Task 0 of two, which never learnt task 1 (no connect() ran for it):
+  // nothing can go back to task 1 by shm. Cells are written into task 0's
+  // own ring by hand.
   device::RegionTable regions{1, 0, 16};
   shm::ShmDomain domain(0, 2, 1, {.queue_depth = 16, .cell_bytes = 256}, regions);
   shm::ShmDevice device(domain, 0, 16);
