@@ -2,7 +2,8 @@
 # One job of N tasks (default 8) of bench/ami_wireup_ring on this host,
 # bootstrapped over TCP on loopback, each task talking only to its two ring
 # neighbours; prints each task's line and a summary: queue pairs made per
-# task (wire-up on first use: 2 with one context) and the first round trip
+# task and shm segments mapped (wire-up on first use: 2 each with one
+# context, whichever backend joins the neighbours) and the first round trip
 # to a neighbour (which connects the lane) against the warm one.
 #
 #   bench/wireup_ring.sh BUILD_DIR [N] [VAR=VALUE...]
@@ -31,8 +32,9 @@ for ((r = 0; r < n; r++)); do cat "$out/$r.out"; [[ -s $out/$r.err ]] && sed "s/
 median() { sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 lines=$(cat "$out"/*.out)
 qps=$(awk '{ print $4 }' <<<"$lines" | sort -n | uniq | paste -sd/)
+segs=$(awk '{ print $10 }' <<<"$lines" | sort -n | uniq | paste -sd/)
 first=$(awk '{ print $6 }' <<<"$lines" | median)
 warm=$(awk '{ print $8 }' <<<"$lines" | median)
-awk -v n="$n" -v q="$qps" -v f="$first" -v w="$warm" 'BEGIN {
-  printf "tasks %d  queue pairs per task %s  first round trip (median over tasks) %.1f us  warm %.1f us  ratio %.1f\n",
-    n, q, f, w, (w > 0 ? f / w : 0) }'
+awk -v n="$n" -v q="$qps" -v s="$segs" -v f="$first" -v w="$warm" 'BEGIN {
+  printf "tasks %d  queue pairs per task %s  segments mapped per task %s  first round trip (median over tasks) %.1f us  warm %.1f us  ratio %.1f\n",
+    n, q, s, f, w, (w > 0 ? f / w : 0) }'
