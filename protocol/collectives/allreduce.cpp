@@ -53,6 +53,9 @@ Status GeometryImpl::allreduce(const void* send, void* recv, std::size_t count, 
   a.proto.type = type;
   a.proto.op = op;
   a.proto.ring = a.ring;  // members must agree on the algorithm
+  // Tags by step for sends, then receives: 2 (n - 1) steps on a ring, where
+  // doubling has a few (made by begin()).
+  if (a.ring) a.need_tags(4 * std::size_t{size});
   allreduce_start();
   return Status::success();
 }

@@ -61,7 +61,7 @@ void GeometryImpl::ring_data(const Header& h, const Incoming& in, Receive* recv)
   const std::uint16_t s = h.step;
   const std::uint32_t b = ring_block_of(s, false);
   if (!ring_may_place(s)) {  // this rank still sends the block from recv
-    Arrival* r = engine.keep(h, tasks[topology::ring_prev(rank, size)], in, recv, true);
+    Arrival* r = engine.keep(h, members.task(topology::ring_prev(rank, size)), in, recv, true);
     if (r == nullptr) {
       a.fail({StatusCode::no_resource, "allreduce: no memory for an early block"});
     } else {

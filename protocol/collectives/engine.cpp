@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <unordered_set>
 
 #include "ami/client.hpp"
 #include "ami/collectives_config.hpp"
@@ -13,12 +14,6 @@
 namespace ami::coll {
 
 namespace {
-
-std::vector<std::uint32_t> every_task(std::uint32_t n) {
-  std::vector<std::uint32_t> tasks(n);
-  for (std::uint32_t t = 0; t < n; ++t) tasks[t] = t;
-  return tasks;
-}
 
 // Ring steps are numbered in 16 bits: 2 * (n - 1) of them.
 constexpr std::uint32_t kMaxGeometry = 32768;
@@ -37,7 +32,7 @@ Engine::Engine(Context& context, std::uint16_t dispatch)
   if (Status s = context.set_dispatch(dispatch, {&Engine::on_message, this}); !s.ok())
     throw Error("Collectives: " + to_string(s));
   geometries_.push_back(std::unique_ptr<Geometry>(
-      new Geometry(std::make_unique<GeometryImpl>(*this, 0, every_task(job_size), job_size))));
+      new Geometry(std::make_unique<GeometryImpl>(*this, 0, Members::first(job_size)))));
   context.watch_peer_failures({&Engine::on_peer_failed, this});
 }
 
@@ -66,15 +61,15 @@ Status Engine::create_geometry(std::uint32_t id, std::span<const std::uint32_t> 
   if (tasks.empty()) return {StatusCode::invalid_argument, "create_geometry: the task list is empty"};
   if (tasks.size() > kMaxGeometry)
     return {StatusCode::invalid_argument, "create_geometry: more than 32768 tasks"};
-  std::vector<std::uint8_t> seen(job_size, 0);
+  std::unordered_set<std::uint32_t> seen;  // (sized by the list, not by the job)
+  seen.reserve(tasks.size());
   for (std::uint32_t t : tasks) {
     if (t >= job_size) return {StatusCode::invalid_argument, "create_geometry: a task is out of the job's range"};
-    if (seen[t] != 0) return {StatusCode::invalid_argument, "create_geometry: a task is listed twice"};
-    seen[t] = 1;
+    if (!seen.insert(t).second) return {StatusCode::invalid_argument, "create_geometry: a task is listed twice"};
   }
-  if (seen[task] == 0) return {StatusCode::invalid_argument, "create_geometry: this task is not in the list"};
+  if (!seen.contains(task)) return {StatusCode::invalid_argument, "create_geometry: this task is not in the list"};
   geometries_.push_back(std::unique_ptr<Geometry>(new Geometry(
-      std::make_unique<GeometryImpl>(*this, id, std::vector<std::uint32_t>(tasks.begin(), tasks.end()), job_size))));
+      std::make_unique<GeometryImpl>(*this, id, Members(std::vector<std::uint32_t>(tasks.begin(), tasks.end()))))));
   GeometryImpl& g = *geometries_.back()->impl_;
   // What its members sent before it existed here.
   ArrivalList mine;
@@ -106,7 +101,7 @@ void Engine::on_message(void* cookie, const Incoming& in, Receive* recv) {
     }
     return;
   }
-  const std::uint32_t origin = g->rank_of[in.origin.task];
+  const std::uint32_t origin = g->members.rank(in.origin.task);
   if (origin == GeometryImpl::kNotMember) {
     ++e.stats.malformed;
     return;
@@ -118,8 +113,9 @@ Status Engine::send(std::uint32_t to_task, const Header& h, std::span<const std:
   const Endpoint dest{to_task, context.index()};
   const HeaderBytes header = encode(h);  // (send copies it at once)
   ++stats.messages_sent;
-  std::size_t& limit = immediate_[to_task];
-  if (limit == 0) limit = context.immediate_limit(dest);  // fixed by the lane: asked once
+  std::uint16_t& limit = immediate_[to_task];
+  if (limit == 0)  // fixed by the lane: asked once
+    limit = static_cast<std::uint16_t>(std::min<std::size_t>(context.immediate_limit(dest), 0xFFFF));
   if (sizeof(Header) + payload.size() <= limit) {
     // Copied into the packet now: no local completion to wait for.
     Status s = context.send_immediate({.dest = dest, .dispatch = dispatch, .header = header, .payload = payload});
@@ -262,7 +258,7 @@ std::uint32_t Geometry::id() const { return impl_->id; }
 std::uint32_t Geometry::size() const { return impl_->size; }
 std::uint32_t Geometry::rank() const { return impl_->rank; }
 std::uint32_t Geometry::task(std::uint32_t rank) const {
-  return rank < impl_->size ? impl_->tasks[rank] : coll::GeometryImpl::kNotMember;
+  return rank < impl_->size ? impl_->members.task(rank) : coll::GeometryImpl::kNotMember;
 }
 
 Status Geometry::barrier(Callback done) { return impl_->barrier(done); }

@@ -30,6 +30,7 @@
 #pragma once
 
 #include <array>
+#include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -39,6 +40,7 @@
 #include "ami/collectives.hpp"
 #include "ami/context.hpp"
 #include "combine.hpp"
+#include "members.hpp"
 #include "pools.hpp"
 #include "topology.hpp"
 #include "wire.hpp"
@@ -89,8 +91,20 @@ struct Operation {
   std::uint32_t sends_pending = 0;
   Header proto;  // every message's header but the step
   std::vector<Tag> tags;
+  std::uint32_t min_tags = 0;  // what every call of the kind needs (begin() makes them)
 
-  Tag* tag(std::uint32_t i) { return &tags[i]; }
+  Tag* tag(std::uint32_t i) {
+    assert(i < tags.size());
+    return &tags[i];
+  }
+  // At least n tags, made when a call first needs them rather than with the
+  // geometry: a world of many tasks would otherwise hold tags by step for
+  // every kind it never calls. Only between operations (none is in use).
+  void need_tags(std::size_t n) {
+    if (tags.size() >= n) return;
+    tags.resize(n);
+    for (std::size_t i = 0; i < n; ++i) tags[i] = Tag{this, static_cast<std::uint32_t>(i)};
+  }
   void fail(Status s) {
     if (result.ok()) result = s;
   }
@@ -180,14 +194,13 @@ struct AllgatherState : Operation {
 
 class GeometryImpl {
  public:
-  static constexpr std::uint32_t kNotMember = ~std::uint32_t{0};
+  static constexpr std::uint32_t kNotMember = Members::kNotMember;
 
-  GeometryImpl(Engine& engine, std::uint32_t id, std::vector<std::uint32_t> tasks, std::uint32_t job_size);
+  GeometryImpl(Engine& engine, std::uint32_t id, Members members);
 
   Engine& engine;
   const std::uint32_t id;
-  const std::vector<std::uint32_t> tasks;
-  std::vector<std::uint32_t> rank_of;  // by task
+  const Members members;  // task of each rank, rank of each task
   const std::uint32_t size;
   const std::uint32_t rank;
 
@@ -380,7 +393,10 @@ class Engine {
   GeometryImpl* find(std::uint32_t id);
 
   std::vector<std::unique_ptr<Geometry>> geometries_;  // the world first
-  std::vector<std::size_t> immediate_;  // by task: Context::immediate_limit() once asked (0: not yet)
+  // By task: Context::immediate_limit() once asked (0: not yet). Two bytes
+  // a task (a limit is a few hundred bytes; one past 65535 would only be
+  // taken as that), as every task of the job has one.
+  std::vector<std::uint16_t> immediate_;
   ArrivalList orphans_;  // arrivals for geometries not created here yet
 };
 

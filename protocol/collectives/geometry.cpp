@@ -15,8 +15,7 @@ namespace {
 void init(Operation& op, Kind kind, GeometryImpl* g, std::size_t tags) {
   op.kind = kind;
   op.geometry = g;
-  op.tags.resize(tags);
-  for (std::size_t i = 0; i < tags; ++i) op.tags[i] = Tag{&op, static_cast<std::uint32_t>(i)};
+  op.min_tags = static_cast<std::uint32_t>(tags);
 }
 
 // Every row is at its kind's index (the array fills a missing row with
@@ -97,24 +96,20 @@ constexpr std::array<Algorithm, kKinds> GeometryImpl::kAlgorithms{{
      .member_failed = &GeometryImpl::fail_active<&GeometryImpl::allgather_, &GeometryImpl::allgather_progress>},
 }};
 
-GeometryImpl::GeometryImpl(Engine& engine, std::uint32_t id, std::vector<std::uint32_t> tasks,
-                           std::uint32_t job_size)
+GeometryImpl::GeometryImpl(Engine& engine, std::uint32_t id, Members members)
     : engine(engine),
       id(id),
-      tasks(std::move(tasks)),
-      rank_of(job_size, kNotMember),
-      size(static_cast<std::uint32_t>(this->tasks.size())),
-      rank([&] {
-        for (std::uint32_t r = 0; r < this->tasks.size(); ++r)
-          if (this->tasks[r] == engine.task) return r;
-        return kNotMember;
-      }()) {
-  for (std::uint32_t r = 0; r < size; ++r) rank_of[this->tasks[r]] = r;
-  const std::size_t steps = std::max<std::size_t>(2 * std::size_t{size}, topology::Doubling{size}.steps() + 2);
+      members(std::move(members)),
+      size(this->members.size()),
+      rank(this->members.rank(engine.task)) {
+  // Nothing here is sized by the members but the barrier's rounds and the
+  // doubling's partners (logarithmic): what a collective of many steps
+  // keeps by step (tags, arrivals) is made by its first call. An allreduce
+  // by doubling needs tags for its steps; a ring, more (allreduce()).
   init(barrier_, Kind::barrier, this, 0);
   init(broadcast_, Kind::broadcast, this, ReduceState::kMaxChildren + 1);
   init(reduce_, Kind::reduce, this, ReduceState::kMaxChildren + 1);
-  init(allreduce_, Kind::allreduce, this, 2 * steps);
+  init(allreduce_, Kind::allreduce, this, 2 * (std::size_t{topology::Doubling{size}.steps()} + 2));
   init(allgather_, Kind::allgather, this, 2 * std::size_t{size});
   static_assert(in_order(kAlgorithms), "every collective kind needs a row in kAlgorithms, in Kind order");
   for (const Algorithm& a : kAlgorithms) {
@@ -133,14 +128,11 @@ GeometryImpl::GeometryImpl(Engine& engine, std::uint32_t id, std::vector<std::ui
   allreduce_.partner.assign(d.steps() + 1, 0);
   if (!allreduce_.extra)
     for (std::uint32_t k = 1; k <= d.steps(); ++k) allreduce_.partner[k] = d.partner(rank, k);
-  allreduce_.arrived.reserve(steps);
-  allreduce_.kept.reserve(steps);
-  allreduce_.busy.reserve(size);
-  allgather_.arrived.reserve(size);
-  allgather_.kept.reserve(size);
-  for (std::uint32_t t : this->tasks)  // a member that failed before the geometry was made here
+  for (std::uint32_t r = 0; r < size; ++r) {  // a member that failed before the geometry was made here
+    const std::uint32_t t = this->members.task(r);
     if (Status s = engine.context.peer_status({t, engine.context.index()}); s == StatusCode::peer_failed)
       member_failed(t, s);
+  }
 }
 
 Status GeometryImpl::begin(Operation& op, Callback done, const char* busy) {
@@ -151,6 +143,7 @@ Status GeometryImpl::begin(Operation& op, Callback done, const char* busy) {
       s == StatusCode::not_supported)
     return s;
   if (op.active || op.done_posted) return {StatusCode::no_resource, busy};
+  op.need_tags(op.min_tags);
   op.active = true;
   op.done = done;
   op.result = Status::success();
@@ -165,7 +158,7 @@ bool GeometryImpl::send(Operation& op, std::uint32_t to, std::uint16_t step, std
   Header h = op.proto;
   h.step = step;
   // Without a payload there is nothing whose reuse must wait for the send.
-  Status s = engine.send(tasks[to], h, payload, payload.empty() ? nullptr : op.tag(tag));
+  Status s = engine.send(members.task(to), h, payload, payload.empty() ? nullptr : op.tag(tag));
   if (s.ok()) return true;
   op.fail(s);
   return false;
@@ -204,7 +197,7 @@ void GeometryImpl::route(const Header& h, std::uint32_t origin, const Incoming& 
 // the call (small: a buffer from the pool; large: deferred at the sender).
 void GeometryImpl::keep_early(const Header& h, std::uint32_t origin, const Incoming& in, Receive* recv) {
   if (h.kind == Kind::reduce && reduce_merge(h, origin, in, recv)) return;
-  Arrival* a = engine.keep(h, tasks[origin], in, recv, true);
+  Arrival* a = engine.keep(h, members.task(origin), in, recv, true);
   if (a == nullptr) {
     malformed(recv);
     return;
@@ -228,7 +221,7 @@ void GeometryImpl::discard_early() {
 }
 
 void GeometryImpl::adopt(Arrival* a) {
-  const std::uint32_t origin = rank_of[a->origin_task];
+  const std::uint32_t origin = members.rank(a->origin_task);
   if (origin == kNotMember) {
     ++engine.stats.malformed;
     engine.discard(a);
@@ -254,8 +247,8 @@ void GeometryImpl::on_received(Operation& op, std::uint32_t index, Status s) {
 }
 
 void GeometryImpl::member_failed(std::uint32_t task, Status why) {
-  if (task >= rank_of.size() || rank_of[task] == kNotMember) return;
-  const std::uint32_t dead = rank_of[task];
+  const std::uint32_t dead = members.rank(task);
+  if (dead == kNotMember) return;
   if (failure_.ok()) failure_ = {StatusCode::peer_failed, "collective: a task of the geometry failed"};
   const Status reason = why.ok() ? failure_ : why;
   // A barrier fails only if it still waits for the dead member (see

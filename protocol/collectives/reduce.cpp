@@ -210,7 +210,7 @@ void GeometryImpl::reduce_data(const Header& h, std::uint32_t origin, const Inco
   r.heard |= mine;
   if (recv == nullptr) {
     if (r.acc_state == ReduceState::Acc::filling) {  // waits until the accumulator is full
-      Arrival* a = engine.keep(h, tasks[origin], in, nullptr, false);
+      Arrival* a = engine.keep(h, members.task(origin), in, nullptr, false);
       if (a == nullptr) {
         r.fail({StatusCode::no_resource, "reduce: no memory for a child's contribution"});
       } else {
@@ -243,7 +243,7 @@ void GeometryImpl::reduce_data(const Header& h, std::uint32_t origin, const Inco
   }
   // Into a buffer of its own, combined once it is in and the accumulator is full.
   recv->done = {};
-  Arrival* a = engine.keep(h, tasks[origin], in, recv, false);
+  Arrival* a = engine.keep(h, members.task(origin), in, recv, false);
   if (a == nullptr) {
     r.fail({StatusCode::no_resource, "reduce: no memory for a child's contribution"});
     return;

@@ -2,8 +2,8 @@
 // reduce, allreduce and allgather in jobs of real processes, every result
 // checked against a serial computation of the same rank-dependent inputs.
 //
-// First the pieces that need no job (topologies, kernels, the header, the
-// argument checks); then jobs of 1, 2, 3, 4, 5 and 8 processes on shm
+// First the pieces that need no job (topologies, members, kernels, the
+// header, the argument checks); then jobs of 1, 2, 3, 4, 5 and 8 processes on shm
 // running every collective with every type and operator; back-to-back
 // barriers with slow ranks (fast ranks are in the next barrier before the
 // slow ones leave the last); collectives in flight on two geometries at
@@ -32,6 +32,7 @@
 #include "ami/ami.hpp"
 #include "jobs.hpp"
 #include "combine.hpp"
+#include "members.hpp"
 #include "topology.hpp"
 #include "wire.hpp"
 
@@ -392,6 +393,39 @@ TEST_CASE("topologies: every rank is reached once, partners agree") {
       for (std::uint32_t k = 0; k < rounds; ++k)
         CHECK(coll::topology::dissemination_from(coll::topology::dissemination_to(r, n, k), n, k) == r);
   }
+}
+
+TEST_CASE("members: the world of 16,384 tasks keeps nothing; another geometry keeps its members, not the job") {
+  constexpr std::uint32_t kJob = 16384;
+  const coll::Members world = coll::Members::first(kJob);
+  CHECK(world.bytes() == 0);
+  CHECK(world.size() == kJob);
+  for (std::uint32_t t : {0u, 1u, 9000u, kJob - 1}) {
+    CHECK(world.rank(t) == t);
+    CHECK(world.task(t) == t);
+  }
+  CHECK(world.rank(kJob) == coll::Members::kNotMember);
+  // A list that is the world's order keeps nothing either.
+  CHECK(coll::Members(std::vector<std::uint32_t>{0, 1, 2}).bytes() == 0);
+  // Three tasks of the job, in the order the caller gave.
+  const coll::Members three(std::vector<std::uint32_t>{16000, 7, 9000});
+  CHECK(three.size() == 3);
+  CHECK(three.bytes() <= 3 * (sizeof(std::uint32_t) + 2 * sizeof(std::uint32_t)));
+  CHECK(three.task(0) == 16000);
+  CHECK(three.task(1) == 7);
+  CHECK(three.task(2) == 9000);
+  CHECK(three.rank(16000) == 0);
+  CHECK(three.rank(7) == 1);
+  CHECK(three.rank(9000) == 2);
+  for (std::uint32_t t : {0u, 6u, 8u, 8999u, 9001u, 16001u, kJob - 1, kJob})
+    CHECK(three.rank(t) == coll::Members::kNotMember);
+  // Every task of the job, backwards: each rank found again.
+  std::vector<std::uint32_t> reversed(kJob);
+  for (std::uint32_t r = 0; r < kJob; ++r) reversed[r] = kJob - 1 - r;
+  const coll::Members backwards(reversed);
+  bool agree = true;
+  for (std::uint32_t r = 0; r < kJob; ++r) agree = agree && backwards.rank(backwards.task(r)) == r;
+  CHECK(agree);
 }
 
 TEST_CASE("kernels: every type and operator; pieces that split elements combine the same") {

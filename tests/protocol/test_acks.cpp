@@ -31,9 +31,10 @@ struct Recorder {
 }  // namespace
 
 TEST_CASE("ack dispatcher: an arrival resets the idle count; acks go only at the threshold") {
-  AckDispatcher d(4, 3, 64);
+  AckDispatcher d(3, 64);
+  AckDispatcher::Origin one(1);
   Recorder out;
-  d.complete(1, 1, 0, out);
+  d.complete(one, 1, 0, out);
   CHECK(out.sent.empty());
   std::uint64_t arrivals = 1;
   CHECK_FALSE(d.advance(arrivals, out));  // something arrived since the last look: idle 0
@@ -55,21 +56,22 @@ TEST_CASE("ack dispatcher: an arrival resets the idle count; acks go only at the
   CHECK(d.unacked() == 0);
   // Still in the lull: a message done now (no arrival, e.g. by a GET's
   // completion) goes at the next advance.
-  d.complete(1, 2, 0, out);
+  d.complete(one, 2, 0, out);
   CHECK(out.sent.size() == 1);
   CHECK(d.advance(arrivals, out));
   CHECK(out.sent.size() == 2);
-  CHECK(d.stats(1).messages_acked == 2);
-  CHECK(d.stats(1).acks_sent == 2);
+  CHECK(one.stats().messages_acked == 2);
+  CHECK(one.stats().acks_sent == 2);
 }
 
 TEST_CASE("ack dispatcher: one ack per destination for messages done in order") {
-  AckDispatcher d(3, 1, 1000);
+  AckDispatcher d(1, 1000);
+  AckDispatcher::Origin zero(0), one(1), two(2);
   Recorder out;
-  for (std::uint64_t s = 1; s <= 100; ++s) d.complete(0, s, 0, out);
-  for (std::uint64_t s = 5; s <= 7; ++s) d.complete(2, s, 0, out);
-  CHECK(d.unacked(0) == 100);
-  CHECK(d.unacked(2) == 3);
+  for (std::uint64_t s = 1; s <= 100; ++s) d.complete(zero, s, 0, out);
+  for (std::uint64_t s = 5; s <= 7; ++s) d.complete(two, s, 0, out);
+  CHECK(zero.unacked() == 100);
+  CHECK(two.unacked() == 3);
   CHECK(d.advance(0, out));
   REQUIRE(out.sent.size() == 2);
   CHECK(out.sent[0].peer == 0);
@@ -78,20 +80,21 @@ TEST_CASE("ack dispatcher: one ack per destination for messages done in order") 
   CHECK(out.sent[1].peer == 2);
   CHECK(out.sent[1].range.first == 5);
   CHECK(out.sent[1].range.count == 3);
-  CHECK(d.stats(0).acks_sent == 1);
-  CHECK(d.stats(0).messages_acked == 100);
-  CHECK(d.stats(1).acks_sent == 0);
+  CHECK(zero.stats().acks_sent == 1);
+  CHECK(zero.stats().messages_acked == 100);
+  CHECK(one.stats().acks_sent == 0);
 }
 
 TEST_CASE("ack dispatcher: out of order, gaps and outcomes make ranges") {
-  AckDispatcher d(1, 1, 1000);
+  AckDispatcher d(1, 1000);
+  AckDispatcher::Origin zero(0);
   Recorder out;
   // 3, 1, 2 done in that order; 4 failed; 6 done, 5 not (a gap).
-  d.complete(0, 3, 0, out);
-  d.complete(0, 1, 0, out);
-  d.complete(0, 2, 0, out);
-  d.complete(0, 4, wire::kFailed, out);
-  d.complete(0, 6, 0, out);
+  d.complete(zero, 3, 0, out);
+  d.complete(zero, 1, 0, out);
+  d.complete(zero, 2, 0, out);
+  d.complete(zero, 4, wire::kFailed, out);
+  d.complete(zero, 6, 0, out);
   CHECK(d.advance(0, out));
   REQUIRE(out.sent.size() == 3);
   CHECK(out.sent[0].range.first == 1);
@@ -102,15 +105,16 @@ TEST_CASE("ack dispatcher: out of order, gaps and outcomes make ranges") {
   CHECK(out.sent[1].range.flags == wire::kFailed);
   CHECK(out.sent[2].range.first == 6);
   CHECK(out.sent[2].range.count == 1);
-  CHECK(d.stats(0).messages_acked == 5);
+  CHECK(zero.stats().messages_acked == 5);
 }
 
 TEST_CASE("ack dispatcher: the window acknowledges at once under sustained load") {
-  AckDispatcher d(2, 1000, 16);
+  AckDispatcher d(1000, 16);
+  AckDispatcher::Origin one(1);
   Recorder out;
   std::uint64_t arrivals = 0;
   for (std::uint64_t s = 1; s <= 50; ++s) {
-    d.complete(1, s, 0, out);
+    d.complete(one, s, 0, out);
     CHECK_FALSE(d.advance(++arrivals, out));  // always something new: never a lull
   }
   REQUIRE(out.sent.size() == 3);  // at 16, 32 and 48
@@ -118,25 +122,26 @@ TEST_CASE("ack dispatcher: the window acknowledges at once under sustained load"
     CHECK(out.sent[i].range.first == 1 + 16 * i);
     CHECK(out.sent[i].range.count == 16);
   }
-  CHECK(d.unacked(1) == 2);
+  CHECK(one.unacked() == 2);
   // The stream stops: the last two go in the lull.
   for (int i = 0; i < 999; ++i) CHECK_FALSE(d.advance(arrivals, out));
   CHECK(d.advance(arrivals, out));
   REQUIRE(out.sent.size() == 4);
   CHECK(out.sent[3].range.first == 49);
   CHECK(out.sent[3].range.count == 2);
-  CHECK(d.stats(1).messages_acked == 50);
+  CHECK(one.stats().messages_acked == 50);
 }
 
 TEST_CASE("ack dispatcher: a stream with gaps between arrivals is not a series of lulls") {
-  AckDispatcher d(1, 4, 64);
+  AckDispatcher d(4, 64);
+  AckDispatcher::Origin zero(0);
   Recorder out;
   std::uint64_t arrivals = 0;
   std::uint64_t seq = 0;
   // A message every 10 advances: at first each gap is a lull (4 idle
   // advances), then the dispatcher learns the stream's rhythm.
   for (int m = 0; m < 40; ++m) {
-    d.complete(0, ++seq, 0, out);
+    d.complete(zero, ++seq, 0, out);
     (void)d.advance(++arrivals, out);
     for (int i = 0; i < 9; ++i) (void)d.advance(arrivals, out);
   }
@@ -145,7 +150,7 @@ TEST_CASE("ack dispatcher: a stream with gaps between arrivals is not a series o
   const std::size_t early = out.sent.size();
   CHECK(early >= 5);  // the first gaps were taken for lulls
   for (int m = 0; m < 100; ++m) {
-    d.complete(0, ++seq, 0, out);
+    d.complete(zero, ++seq, 0, out);
     (void)d.advance(++arrivals, out);
     for (int i = 0; i < 9; ++i) (void)d.advance(arrivals, out);
   }
@@ -168,12 +173,13 @@ TEST_CASE("ack dispatcher: a stream with gaps between arrivals is not a series o
 }
 
 TEST_CASE("ack dispatcher: threshold 0 acknowledges every message at once") {
-  AckDispatcher d(1, 0, 64);
+  AckDispatcher d(0, 64);
+  AckDispatcher::Origin zero(0);
   Recorder out;
-  for (std::uint64_t s = 1; s <= 5; ++s) d.complete(0, s, 0, out);
+  for (std::uint64_t s = 1; s <= 5; ++s) d.complete(zero, s, 0, out);
   CHECK(out.sent.size() == 5);
   CHECK(d.advance(1, out));  // always a lull
-  CHECK(d.stats(0).acks_sent == 5);
+  CHECK(zero.stats().acks_sent == 5);
 }
 
 TEST_CASE("reception queue: credit goes back in batches, or when published") {

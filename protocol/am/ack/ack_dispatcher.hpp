@@ -19,6 +19,11 @@
 // acknowledged at once, so no sender starves under sustained load; a
 // threshold of 0 acknowledges every message at once.
 //
+// What it keeps for one origin (its queue and counts) is an Origin the
+// caller holds with the rest of its state for that peer, made when the
+// peer is first heard from: the dispatcher itself keeps nothing per peer of
+// the job, so the many peers a context never hears from cost it nothing.
+//
 // Pure bookkeeping: what an ack looks like on the wire and who sends it is
 // the caller's (the emit function). Not thread-safe, like its context.
 #pragma once
@@ -44,25 +49,53 @@ class AckDispatcher {
     std::uint64_t acks_sent = 0;
   };
 
-  AckDispatcher(std::uint32_t peers, unsigned idle_threshold, unsigned max_unacked)
-      : threshold_(idle_threshold), window_(std::max(1u, max_unacked)), origins_(peers) {}
+
+ private:
+  struct Entry {
+    std::uint64_t seq;
+    std::uint16_t flags;
+  };
+
+ public:
+  // One origin's messages done and not yet acknowledged, and its counts.
+  // The caller keeps it (the engine, in its state for the peer) for as
+  // long as the dispatcher: a listed origin is reached through it.
+  class Origin {
+   public:
+    explicit Origin(std::uint32_t peer) : peer_(peer) {}
+    Origin(const Origin&) = delete;
+    Origin& operator=(const Origin&) = delete;
+
+    std::uint32_t peer() const { return peer_; }  // what emit() is told
+    std::size_t unacked() const { return active_.size(); }
+    const PeerStats& stats() const { return stats_; }
+
+   private:
+    friend class AckDispatcher;
+    std::vector<Entry> active_;  // done, not yet acknowledged
+    PeerStats stats_;
+    std::uint32_t peer_;
+    bool listed_ = false;        // in waiting_
+  };
+
+  AckDispatcher(unsigned idle_threshold, unsigned max_unacked)
+      : threshold_(idle_threshold), window_(std::max(1u, max_unacked)) {}
 
   unsigned idle_threshold() const { return threshold_; }
   unsigned max_unacked() const { return window_; }
 
-  // Message seq from peer is done here with outcome flags. Acknowledged at
-  // once when the threshold is 0 or the peer's window is full.
-  // emit(peer, Range) sends an ack.
+  // Message seq from o's peer is done here with outcome flags.
+  // Acknowledged at once when the threshold is 0 or the peer's window is
+  // full. emit(peer, Range) sends an ack.
   template <typename Emit>
-  void complete(std::uint32_t peer, std::uint64_t seq, std::uint16_t flags, Emit&& emit) {
-    Origin& o = origins_[peer];
-    if (!o.listed) {
-      o.listed = true;
-      waiting_.push_back(peer);
+  void complete(Origin& o, std::uint64_t seq, std::uint16_t flags, Emit&& emit) {
+    if (!o.listed_) {
+      o.listed_ = true;
+      waiting_.push_back(&o);
     }
-    o.active.push_back(Entry{seq, flags});
+    o.active_.push_back(Entry{seq, flags});
     ++unacked_;
-    if (threshold_ == 0 || o.active.size() >= window_) flush(peer, emit);
+    if (threshold_ == 0 || o.active_.size() >= window_) flush(o, emit);
   }
 
   // Once per advance of the context. arrivals: the context's count of
@@ -87,9 +120,9 @@ class AckDispatcher {
   // is its rare part.)
   template <typename Emit>
   [[gnu::noinline]] void flush_all(Emit&& emit) {
-    for (std::uint32_t peer : waiting_) {
-      flush(peer, emit);
-      origins_[peer].listed = false;
+    for (Origin* o : waiting_) {
+      flush(*o, emit);
+      o->listed_ = false;
     }
     waiting_.clear();
   }
@@ -101,27 +134,15 @@ class AckDispatcher {
   // Messages done and not yet acknowledged, over every origin (asked at
   // every advance: kept as a count).
   std::size_t unacked() const { return unacked_; }
-  std::size_t unacked(std::uint32_t peer) const { return origins_[peer].active.size(); }
-  const PeerStats& stats(std::uint32_t peer) const { return origins_[peer].stats; }
 
  private:
-  struct Entry {
-    std::uint64_t seq;
-    std::uint16_t flags;
-  };
-  struct Origin {
-    std::vector<Entry> active;  // done, not yet acknowledged
-    bool listed = false;        // in waiting_
-    PeerStats stats;
-  };
-
-  // Acknowledges everything in peer's active queue, coalesced into ranges.
-  // A peer flushed by its window stays listed in waiting_, once.
+  // Acknowledges everything in o's active queue, coalesced into ranges.
+  // An origin flushed by its window stays listed in waiting_, once.
   template <typename Emit>
-  void flush(std::uint32_t peer, Emit& emit) {
-    Origin& o = origins_[peer];
-    if (o.active.empty()) return;
-    auto& a = o.active;
+  void flush(Origin& o, Emit& emit) {
+    if (o.active_.empty()) return;
+    auto& a = o.active_;
+    const std::uint32_t peer = o.peer_;
     if (!std::is_sorted(a.begin(), a.end(), by_seq)) std::sort(a.begin(), a.end(), by_seq);
     Range r{a[0].seq, 1, a[0].flags};
     for (std::size_t i = 1; i < a.size(); ++i) {
@@ -130,12 +151,12 @@ class AckDispatcher {
         continue;
       }
       emit(peer, r);
-      ++o.stats.acks_sent;
+      ++o.stats_.acks_sent;
       r = Range{a[i].seq, 1, a[i].flags};
     }
     emit(peer, r);
-    ++o.stats.acks_sent;
-    o.stats.messages_acked += a.size();
+    ++o.stats_.acks_sent;
+    o.stats_.messages_acked += a.size();
     unacked_ -= a.size();
     a.clear();
   }
@@ -162,8 +183,7 @@ class AckDispatcher {
 
   unsigned threshold_;
   unsigned window_;
-  std::vector<Origin> origins_;
-  std::vector<std::uint32_t> waiting_;  // origins with entries since the last flush_all
+  std::vector<Origin*> waiting_;  // origins with entries since the last flush_all
   std::size_t unacked_ = 0;             // entries in every origin's active queue
   std::uint64_t last_seen_ = 0;
   unsigned idle_ = 0;

@@ -40,18 +40,12 @@ AmEngine::AmEngine(Shape shape, ContextStats& stats)
       stats_(stats),
       pool_(shape.options.max_requests),
       inbound_(shape.options.max_requests),
-      acks_(shape.tasks * shape.contexts, shape.options.ack_idle_threshold, shape.options.ack_max_unacked) {
+      acks_(shape.options.ack_idle_threshold, shape.options.ack_max_unacked) {
+  // Only the small record per endpoint: the rest comes with a lane
+  // (make_lane()), and so do the lists of peers with one.
   peers_.resize(std::size_t{shape.tasks} * shape.contexts);
-  for (std::uint32_t t = 0; t < shape.tasks; ++t)
-    for (std::uint16_t c = 0; c < shape.contexts; ++c) {
-      Peer& p = peers_[std::size_t{t} * shape.contexts + c];
-      p.endpoint = Endpoint{t, c};
-    }
-  busy_.reserve(peers_.size());
   posted_.reserve(64);
   running_.reserve(64);
-  lanes_.reserve(peers_.size());
-  reached_.reserve(peers_.size());
 }
 
 Status AmEngine::set_dispatch(std::uint16_t id, Dispatch dispatch) {
@@ -68,16 +62,22 @@ std::size_t immediate_bytes(const device::Lane& lane) {
 }  // namespace
 
 device::Lane* AmEngine::make_lane(Peer& peer) {
+  const Endpoint e = endpoint_of(peer);
   for (device::Device* d : devices_) {
-    if (!d->can_reach(peer.endpoint)) continue;
-    peer.lane = d->lane(peer.endpoint);
-    if (peer.lane == nullptr) return nullptr;
-    peer.device = d;
-    peer.immediate = static_cast<std::uint32_t>(immediate_bytes(*peer.lane));
-    lanes_.push_back(peer.lane);
+    if (!d->can_reach(e)) continue;
+    device::Lane* lane = d->lane(e);
+    if (lane == nullptr) return nullptr;
+    peer.state = std::make_unique<PeerState>(e, index_of(peer));
+    peer.state->device = d;
+    peer.state->immediate = static_cast<std::uint32_t>(immediate_bytes(*lane));
+    peer.lane = lane;
+    lanes_.push_back(lane);
     reached_.push_back(&peer);
+    // Any peer with a lane may be busy at once; the room is made here, not
+    // in mark_busy() on the data path (doubling: lanes come one by one).
+    if (busy_.capacity() < reached_.size()) busy_.reserve(2 * reached_.size());
     find_polled();
-    return peer.lane;
+    return lane;
   }
   return nullptr;
 }
@@ -96,7 +96,7 @@ std::size_t AmEngine::immediate_limit(Endpoint dest) {
 
 std::string_view AmEngine::backend_for(Endpoint dest) {
   Peer* peer = peer_for(dest);
-  return (peer && lane_for(*peer)) ? peer->device->name() : std::string_view{};
+  return (peer && lane_for(*peer)) ? peer->state->device->name() : std::string_view{};
 }
 
 Status AmEngine::check_send(const SendParams& p) const {
@@ -127,9 +127,9 @@ Status AmEngine::refuse_immediate(const SendImmediateParams& p) {
   if (!peer.failure.ok()) return {StatusCode::peer_failed, "send_immediate: the endpoint's peer failed"};
   device::Lane* lane = lane_for(peer);
   if (lane == nullptr) return {StatusCode::unreachable, "send_immediate: no backend reaches the endpoint"};
-  if (p.header.size() + p.payload.size() > peer.immediate)
+  if (p.header.size() + p.payload.size() > peer.state->immediate)
     return {StatusCode::invalid_argument, "send_immediate: header + payload exceed immediate_limit()"};
-  if (peer.head != nullptr)
+  if (peer.state->head != nullptr)
     return {StatusCode::no_resource, "send_immediate: earlier instructions to the endpoint are queued"};
   return inject_immediate(*lane, p);  // a lane made just now
 }
@@ -146,7 +146,7 @@ Status AmEngine::send(const SendParams& p) {
   if (!one_packet && kWireHeader + p.header.size() + wire::RendezvousInfo::kBytes >= lane->max_packet())
     return {StatusCode::invalid_argument,
             "send: the header leaves no room for data in the lane's packets (AMI_SHM_CELL_SIZE)"};
-  if (one_packet && !p.remote_done && peer.head == nullptr) {
+  if (one_packet && !p.remote_done && peer.state->head == nullptr) {
     // Fast path: no request at all; the user's callback is listed directly.
     if (device::Descriptor* d = lane->fifo().try_reserve()) {
       const auto n = static_cast<std::uint32_t>(p.payload.size());
@@ -220,14 +220,14 @@ Status AmEngine::rdma(device::DescriptorKind kind, const RdmaParams& p, std::byt
   const device::RdmaDescriptor x{.local = local, .length = p.bytes, .local_keys = local_keys,
                                  .remote_address = p.remote.address + p.remote_offset, .remote = p.remote};
   ++(kind == device::DescriptorKind::put ? stats_.puts : stats_.gets);
-  if (peer->head == nullptr) {
+  if (peer->state->head == nullptr) {
     // Nothing queued before it: straight into the FIFO, no request; the
     // user's callback (if any) is listed directly, as a short send's is.
     if (device::Descriptor* d = peer->lane->fifo().try_reserve()) {
       d->kind = kind;
       d->rdma = x;
       peer->lane->fifo().commit(p.local_done);
-      if (kind == device::DescriptorKind::get) peer->last_get = peer->lane->fifo().injected();
+      if (kind == device::DescriptorKind::get) peer->state->last_get = peer->lane->fifo().injected();
       ring(*peer->lane);
       return Status::success();
     }
@@ -259,20 +259,21 @@ Request* AmEngine::acquire() {
 }
 
 void AmEngine::mark_busy(Peer& peer) {
-  if (peer.busy) return;
-  peer.busy = true;
+  if (peer.state->busy) return;
+  peer.state->busy = true;
   busy_.push_back(&peer);
 }
 
 // Appends r to the peer's work queue and starts it at once when it is first.
 void AmEngine::enqueue(Peer& peer, Request& r) {
-  r.peer = static_cast<std::uint32_t>(&peer - peers_.data());
+  PeerState& s = *peer.state;
+  r.peer = index_of(peer);
   r.next = nullptr;
-  const bool first = peer.head == nullptr;
-  if (first) peer.head = &r; else peer.tail->next = &r;
-  peer.tail = &r;
+  const bool first = s.head == nullptr;
+  if (first) s.head = &r; else s.tail->next = &r;
+  s.tail = &r;
   if (first) service(peer);
-  if (peer.head != nullptr) {
+  if (s.head != nullptr) {
     ++stats_.queued;
     mark_busy(peer);
   }
@@ -314,7 +315,7 @@ bool AmEngine::inject_send(Peer& peer, Request& r) {
       std::size_t k = wire::encode(h, {r.header.data(), hdr}, d->packet.inline_data);
       if (info != 0) {
         wire::RendezvousInfo{r.registration.key, reinterpret_cast<std::uintptr_t>(r.payload)}.encode(
-            d->packet.inline_data + k, peer.device->key_id());
+            d->packet.inline_data + k, peer.state->device->key_id());
         k += info;
       }
       finish_packet(*d, k, {r.payload, n}, r.rndv ? &r.registration.local_keys : nullptr);
@@ -347,7 +348,7 @@ bool AmEngine::inject_rdma(Peer& peer, Request& r) {
   d->kind = r.rdma_kind;
   d->rdma = r.rdma;
   peer.lane->fifo().commit(Callback{&AmEngine::on_send_local, &r});
-  if (r.rdma_kind == device::DescriptorKind::get) peer.last_get = peer.lane->fifo().injected();
+  if (r.rdma_kind == device::DescriptorKind::get) peer.state->last_get = peer.lane->fifo().injected();
   return true;
 }
 
@@ -390,7 +391,7 @@ void AmEngine::inject_get(Peer& peer, device::Descriptor& d, const GetItem& g) {
                                   .remote_address = in.source.address + g.offset,
                                   .remote = in.source.key};
   peer.lane->fifo().commit(Callback{&AmEngine::on_get_done, &in});
-  peer.last_get = peer.lane->fifo().injected();
+  peer.state->last_get = peer.lane->fifo().injected();
   stats_.rndv_get_bytes += g.length;
   ++stats_.gets;
 }
@@ -422,7 +423,7 @@ void AmEngine::inject_packet(Peer& peer, device::Descriptor& d, const wire::Pack
     build_packet(d, h, {}, {});
   } else {
     const std::size_t k = wire::encode(h, {}, d.packet.inline_data);
-    info->encode(d.packet.inline_data + k, peer.device->key_id());
+    info->encode(d.packet.inline_data + k, peer.state->device->key_id());
     finish_packet(d, k + wire::RendezvousInfo::kBytes, {});
   }
   peer.lane->fifo().commit(owner != nullptr ? Callback{&AmEngine::on_send_local, owner} : Callback{});
@@ -454,20 +455,21 @@ wire::PacketHeader AmEngine::header_of(const KeepaliveItem&) {
 }
 
 void AmEngine::push_control(Peer& peer, const Control& c) {
-  peer.controls.push_back(c);
+  peer.state->controls.push_back(c);
   mark_busy(peer);
 }
 
 // Moves the peer's waiting control packets and then its instructions into
 // its FIFO, in order; a fin waiting for its PUT holds back what follows.
 std::size_t AmEngine::service(Peer& peer) {
+  PeerState& s = *peer.state;
   std::size_t work = 0;
   std::size_t sent = 0;
   // The lane is rung for whatever went into its FIFO, a request's first
   // packets too when the rest must wait for slots.
   const std::uint64_t injected = peer.lane->fifo().injected();
-  while (sent < peer.controls.size()) {
-    Control& c = peer.controls[sent];
+  while (sent < s.controls.size()) {
+    Control& c = s.controls[sent];
     const FinItem* fin = std::get_if<FinItem>(&c);
     if (fin != nullptr && fin->put == FinItem::Put::in_flight) break;
     if (!inject_control(peer, c)) break;
@@ -475,18 +477,18 @@ std::size_t AmEngine::service(Peer& peer) {
     if (fin != nullptr && fin->put != FinItem::Put::done) continue;  // more pieces, or their completion
     ++sent;
   }
-  peer.controls.erase(peer.controls.begin(), peer.controls.begin() + static_cast<std::ptrdiff_t>(sent));
-  if (!peer.controls.empty()) {
+  s.controls.erase(s.controls.begin(), s.controls.begin() + static_cast<std::ptrdiff_t>(sent));
+  if (!s.controls.empty()) {
     if (peer.lane->fifo().injected() != injected) ring(*peer.lane);
     return work;
   }
-  while (Request* r = peer.head) {
+  while (Request* r = s.head) {
     const bool done = r->kind == Request::Kind::send    ? inject_send(peer, *r)
                       : r->kind == Request::Kind::fence ? inject_fence(peer, *r)
                                                         : inject_rdma(peer, *r);
     if (!done) break;
-    peer.head = r->next;
-    if (peer.head == nullptr) peer.tail = nullptr;
+    s.head = r->next;
+    if (s.head == nullptr) s.tail = nullptr;
     ++work;
   }
   if (peer.lane->fifo().injected() != injected) ring(*peer.lane);
@@ -525,7 +527,7 @@ void AmEngine::settle(Request& r) {
 
 // The peer answers in ack sequence order per lane, so r joins the tail.
 std::uint64_t AmEngine::expect_answer(Peer& peer, Request& r) {
-  Unanswered& u = peer.unanswered;
+  Unanswered& u = peer.state->unanswered;
   r.ack_seq = u.next_seq++;
   r.awaiting_ack = true;
   r.ack_next = nullptr;
@@ -536,7 +538,7 @@ std::uint64_t AmEngine::expect_answer(Peer& peer, Request& r) {
 }
 
 void AmEngine::forget_answer(Request& r) {
-  Unanswered& u = peers_[r.peer].unanswered;
+  Unanswered& u = peers_[r.peer].state->unanswered;
   if (r.ack_prev != nullptr) r.ack_prev->ack_next = r.ack_next; else u.head = r.ack_next;
   if (r.ack_next != nullptr) r.ack_next->ack_prev = r.ack_prev; else u.tail = r.ack_prev;
   r.ack_prev = r.ack_next = nullptr;
@@ -545,7 +547,9 @@ void AmEngine::forget_answer(Request& r) {
 
 AckPeerStats AmEngine::ack_stats(Endpoint dest) const {
   if (dest.task >= shape_.tasks || dest.context >= shape_.contexts) return {};
-  const AckDispatcher::PeerStats& s = acks_.stats(dest.task * shape_.contexts + dest.context);
+  const Peer& peer = peers_[std::size_t{dest.task} * shape_.contexts + dest.context];
+  if (peer.state == nullptr) return {};  // never talked to: nothing acked
+  const AckDispatcher::PeerStats& s = peer.state->acks.stats();
   return AckPeerStats{s.messages_acked, s.acks_sent};
 }
 

@@ -2,14 +2,19 @@
 // contract, for one context; with the receiver-stopped rendezvous (docs/DESIGN.md,
 // method 2) for messages longer than one packet.
 //
-// The engine owns the per-peer state (lane, work queue of requests, control
-// packets waiting for a FIFO slot, the message whose eager packets are
-// arriving from that peer), the dispatch table, the request pool and the
-// pool of stopped messages being received. Eager packets of one message go
-// out back to back on the peer's lane, so a receiver reassembles at most one
-// eager stream per origin at a time; a stopped message leaves that stream
-// and completes by GET or PUT while the next one streams. Nothing here knows
-// what device is underneath. Not thread-safe (see context.hpp).
+// The engine owns the per-peer state, the dispatch table, the request pool
+// and the pool of stopped messages being received. Every endpoint of the
+// job has a small record (its lane, its failure, a pointer to the rest);
+// the rest (work queue of requests, control packets waiting for a FIFO
+// slot, the message whose eager packets are arriving from that peer, the
+// answers owed to it and awaited from it) is made with the peer's lane, the
+// first time the two talk, so a job of tens of thousands of tasks costs a
+// context a few dozen bytes for each peer it never talks to. Eager packets
+// of one message go out back to back on the peer's lane, so a receiver
+// reassembles at most one eager stream per origin at a time; a stopped
+// message leaves that stream and completes by GET or PUT while the next one
+// streams. Nothing here knows what device is underneath. Not thread-safe
+// (see context.hpp).
 //
 // The rendezvous, as it runs here:
 //  sender    send(): registers the buffer (or uses SendParams::memory) and
@@ -122,6 +127,12 @@ class AmEngine final : public device::PacketSink {
   std::string_view backend_for(Endpoint dest);
   std::size_t advance();
 
+  // What the engine keeps for each endpoint of the job, talked to or not,
+  // and what one it has talked to costs (before its queues grow). In a
+  // large job a context pays the first for nearly every peer.
+  static constexpr std::size_t idle_peer_bytes() { return sizeof(Peer); }
+  static constexpr std::size_t active_peer_bytes() { return sizeof(Peer) + sizeof(PeerState); }
+
   void on_packet(Endpoint origin, std::span<const std::byte> bytes) override;
   void on_compact_packet(Endpoint origin, std::uint32_t immediate, std::span<const std::byte> rest) override;
   void on_lane_failed(Endpoint peer, Status why) override;
@@ -227,21 +238,32 @@ class AmEngine final : public device::PacketSink {
     Request* tail = nullptr;
     std::uint64_t next_seq = 1;  // the next message wanting an answer gets this
   };
-  struct Peer {
+  // What a peer needs once the two talk: made with its lane (make_lane()),
+  // so every path that reaches it through a lane finds it, and kept as long
+  // as the engine.
+  struct PeerState {
+    PeerState(Endpoint e, std::uint32_t index) : endpoint(e), acks(index) {}
     Endpoint endpoint;
-    device::Device* device = nullptr;
-    device::Lane* lane = nullptr;
+    device::Device* device = nullptr;  // the one that carries the lane
     Request* head = nullptr;  // work queue: instructions waiting for FIFO slots
     Request* tail = nullptr;
     std::vector<Control> controls;  // waiting for a FIFO slot, in order
     Reassembly rx;
     Unanswered unanswered;
-    Status failure;               // not ok once the peer failed: nothing more goes to it
-    std::uint64_t heard = 0;      // packets that came from it
+    AckDispatcher::Origin acks;     // answers owed to it, for the ack dispatcher
+    std::uint64_t heard = 0;        // packets that came from it
     std::uint64_t heard_at_probe = 0;
+    std::uint64_t last_get = 0;     // FIFO position after the newest GET injected on the lane
+    std::uint32_t immediate = 0;    // immediate_limit() to it
     bool busy = false;
-    std::uint64_t last_get = 0;  // FIFO position after the newest GET injected on the lane
-    std::uint32_t immediate = 0;  // immediate_limit() to it, once it has a lane
+  };
+  // Every endpoint of the job has one, talked to or not: what a send and an
+  // arrival test first (lane, failure), and the rest when there is any.
+  // A peer has its state exactly when it has a lane.
+  struct Peer {
+    device::Lane* lane = nullptr;
+    std::unique_ptr<PeerState> state;
+    Status failure;  // not ok once the peer failed: nothing more goes to it
   };
 
   // setup and lookup
@@ -250,7 +272,13 @@ class AmEngine final : public device::PacketSink {
     if (e.task >= shape_.tasks || e.context >= shape_.contexts) return nullptr;
     return &peers_[std::size_t{e.task} * shape_.contexts + e.context];
   }
+  std::uint32_t index_of(const Peer& peer) const { return static_cast<std::uint32_t>(&peer - peers_.data()); }
+  Endpoint endpoint_of(const Peer& peer) const {
+    const std::uint32_t i = index_of(peer);
+    return {i / shape_.contexts, static_cast<std::uint16_t>(i % shape_.contexts)};
+  }
   device::Lane* lane_for(Peer& peer) { return peer.lane != nullptr ? peer.lane : make_lane(peer); }
+  // Makes the peer's lane and, with it, its state.
   device::Lane* make_lane(Peer& peer);
   void find_polled();  // polled_: the devices whose wants_progress() says so
   // Every ring() goes through here: advance() flushes the devices only
@@ -307,7 +335,7 @@ class AmEngine final : public device::PacketSink {
   Peer* admit(Endpoint origin) {
     Peer* peer = peer_for(origin);
     if (peer == nullptr || peer->lane == nullptr || !peer->failure.ok()) return admit_other(origin);
-    ++peer->heard;
+    ++peer->state->heard;
     ++stats_.packets_received;
     return peer;
   }
@@ -316,7 +344,8 @@ class AmEngine final : public device::PacketSink {
   void from_unknown_peer(Peer& peer);
   // A new message from peer: what it had going ends (see on_first()).
   void begin_message(Peer& peer) {
-    if (peer.rx.active || peer.rx.stopped != nullptr) end_previous(peer);
+    const Reassembly& rx = peer.state->rx;
+    if (rx.active || rx.stopped != nullptr) end_previous(peer);
   }
   void end_previous(Peer& peer);
   // A message that came whole to its handler, then its answer if it wants
@@ -342,6 +371,8 @@ class AmEngine final : public device::PacketSink {
 
   // peer failure (am_failure.cpp)
   void fail_peer(Peer& peer, Status why);
+  // Fails what the peer's state holds: its queues, answers and messages.
+  void fail_work(Peer& peer, Status why);
   void keepalive();
   void maybe_keepalive();  // every 64th advance() (it reads the clock)
 
@@ -371,9 +402,9 @@ class AmEngine final : public device::PacketSink {
   device::Registrar* registrar_ = nullptr;
   std::vector<device::Device*> devices_;
   std::vector<device::Device*> polled_;  // those advance() polls, flushes, asks for credit
-  std::vector<Peer> peers_;           // by task * contexts + context
+  std::vector<Peer> peers_;           // by task * contexts + context; never resized
   std::vector<device::Lane*> lanes_;  // every lane made so far
-  std::vector<Peer*> busy_;
+  std::vector<Peer*> busy_;           // (room for every peer with a lane: mark_busy() never allocates)
   std::array<Dispatch, kMaxDispatch> dispatch_{};
   RequestPool pool_;
   IdPool<Inbound> inbound_;            // AMI_MAX_REQUESTS of them
@@ -385,7 +416,7 @@ class AmEngine final : public device::PacketSink {
   FenceHandler fence_handler_{};
   PeerErrorHandler error_handler_{};
   std::vector<PeerErrorHandler> watchers_;  // layers above, told before the error handler
-  std::vector<Peer*> reached_;         // peers with a lane, for keepalives
+  std::vector<Peer*> reached_;         // peers with a lane (and state), in the order they got it
   static constexpr std::size_t kKeepaliveBatch = 128;  // peers probed per round at most
   std::size_t keepalive_cursor_ = 0;
   std::uint32_t advances_ = 0;
@@ -398,10 +429,10 @@ class AmEngine final : public device::PacketSink {
 // refuse_immediate() names what failed (or makes the peer's first lane).
 inline Status AmEngine::send_immediate(const SendImmediateParams& p) {
   Peer* peer = peer_for(p.dest);
-  if (peer == nullptr || peer->lane == nullptr || !peer->failure.ok() || peer->head != nullptr ||
+  if (peer == nullptr || peer->lane == nullptr || !peer->failure.ok() || peer->state->head != nullptr ||
       p.dispatch >= kMaxDispatch || p.header.size() > wire::kMaxUserHeader ||
-      p.header.size() + p.payload.size() > peer->immediate || (p.header.data() == nullptr && !p.header.empty()) ||
-      (p.payload.data() == nullptr && !p.payload.empty()))
+      p.header.size() + p.payload.size() > peer->state->immediate ||
+      (p.header.data() == nullptr && !p.header.empty()) || (p.payload.data() == nullptr && !p.payload.empty()))
     return refuse_immediate(p);
   return inject_immediate(*peer->lane, p);
 }

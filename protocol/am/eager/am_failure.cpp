@@ -10,7 +10,10 @@
 // touched.
 //
 // A peer here is one endpoint, and everything below fails one endpoint,
-// once; the error handler runs once for it. That a task ended — so every
+// once; the error handler runs once for it. A peer this context never
+// talked to has no state (no lane, nothing queued, nothing owed): its
+// failure is only recorded, in the record every endpoint has, and reading
+// it back allocates nothing. That a task ended — so every
 // one of its endpoints fails, talked to or not — is known outside the
 // engine, and each endpoint is then reported: by the shm device, which
 // fails a lane to every context of a task whose process exited, and by the
@@ -49,7 +52,17 @@ void AmEngine::on_lane_failed(Endpoint e, Status why) {
 void AmEngine::fail_peer(Peer& peer, Status why) {
   peer.failure = why;
   ++stats_.peers_failed;
-  const auto index = static_cast<std::uint32_t>(&peer - peers_.data());
+  if (peer.state != nullptr) fail_work(peer, why);
+  const Endpoint e = endpoint_of(peer);
+  // (A copy: a watcher may stop watching from inside its call.)
+  const std::vector<PeerErrorHandler> watchers = watchers_;
+  for (const PeerErrorHandler& w : watchers) w.fn(w.cookie, e, why);
+  if (error_handler_.fn != nullptr) error_handler_.fn(error_handler_.cookie, e, why);
+}
+
+void AmEngine::fail_work(Peer& peer, Status why) {
+  PeerState& s = *peer.state;
+  const std::uint32_t index = index_of(peer);
   // Requests are marked first and settled after, each found again by its id
   // (a callback may post new work that reuses a settled request's slot).
   std::vector<std::uint64_t> touched;
@@ -65,7 +78,7 @@ void AmEngine::fail_peer(Peer& peer, Status why) {
     r->local_pending = false;
     mark(*r);
   };
-  for (Control& c : peer.controls)
+  for (Control& c : s.controls)
     std::visit(Overloaded{
                    [](const AckItem&) {},
                    [&](const GetItem& g) {
@@ -78,22 +91,22 @@ void AmEngine::fail_peer(Peer& peer, Status why) {
                    [](const KeepaliveItem&) {},
                },
                c);
-  peer.controls.clear();
+  s.controls.clear();
   // Instructions that never reached the FIFO (or, for a send, not its last
   // packet, which carries its completion).
-  for (Request* r = peer.head; r != nullptr; r = r->next) {
+  for (Request* r = s.head; r != nullptr; r = r->next) {
     r->local_pending = false;
     mark(*r);
   }
-  peer.head = peer.tail = nullptr;
-  for (Request* r = peer.unanswered.head; r != nullptr; r = r->ack_next) mark(*r);
+  s.head = s.tail = nullptr;
+  for (Request* r = s.unanswered.head; r != nullptr; r = r->ack_next) mark(*r);
   for (std::uint64_t id : touched)
     if (Request* r = pool_.find(id)) settle(*r);
 
   // Messages from the peer: one arriving eagerly fails now; a stopped one
   // once its GETs (failed by the device) are accounted for; a deferred one
   // when accept() is called for it.
-  if (peer.rx.active && peer.rx.stopped == nullptr) complete_rx(peer, why);
+  if (s.rx.active && s.rx.stopped == nullptr) complete_rx(peer, why);
   std::vector<std::uint64_t> inbound;
   inbound_.for_each_live([&](Inbound& in) {
     if (in.peer == index) inbound.push_back(in.id());
@@ -105,11 +118,7 @@ void AmEngine::fail_peer(Peer& peer, Status why) {
     in->end_seen = true;  // no cts or fin will come
     if (!in->waiting) check_inbound(*in);
   }
-  peer.rx = Reassembly{};
-  // (A copy: a watcher may stop watching from inside its call.)
-  const std::vector<PeerErrorHandler> watchers = watchers_;
-  for (const PeerErrorHandler& w : watchers) w.fn(w.cookie, peer.endpoint, why);
-  if (error_handler_.fn != nullptr) error_handler_.fn(error_handler_.cookie, peer.endpoint, why);
+  s.rx = Reassembly{};
 }
 
 void AmEngine::watch_peer_failures(PeerErrorHandler watcher) {
@@ -123,13 +132,14 @@ void AmEngine::unwatch_peer_failures(PeerErrorHandler watcher) {
 void AmEngine::abandon_peer(Endpoint e, Status why) {
   Peer* peer = peer_for(e);
   if (peer == nullptr || !peer->failure.ok()) return;
-  if (peer->device != nullptr && peer->lane != nullptr && peer->device->abandon(e, why)) return;
+  if (peer->lane != nullptr && peer->state->device->abandon(e, why)) return;
   fail_peer(*peer, why);
 }
 
 std::uint64_t AmEngine::heard(Endpoint e) const {
   if (e.task >= shape_.tasks || e.context >= shape_.contexts) return 0;
-  return peers_[std::size_t{e.task} * shape_.contexts + e.context].heard;
+  const Peer& peer = peers_[std::size_t{e.task} * shape_.contexts + e.context];
+  return peer.state != nullptr ? peer.state->heard : 0;  // (no lane: nothing came)
 }
 
 Status AmEngine::peer_status(Endpoint dest) const {
@@ -143,8 +153,9 @@ void AmEngine::keepalive() {
   std::size_t probed = 0;
   for (std::size_t looked = 0; looked < n && probed < kKeepaliveBatch; ++looked) {
     Peer* p = reached_[keepalive_cursor_++ % n];
-    const bool quiet = p->heard == p->heard_at_probe;
-    p->heard_at_probe = p->heard;
+    PeerState& s = *p->state;
+    const bool quiet = s.heard == s.heard_at_probe;
+    s.heard_at_probe = s.heard;
     if (!p->failure.ok() || !quiet) continue;
     push_control(*p, KeepaliveItem{});
     ++stats_.keepalives_sent;

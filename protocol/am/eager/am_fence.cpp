@@ -37,10 +37,9 @@ Status AmEngine::fence_all(Callback done) {
   parent->local_done = done;
   parent->local_pending = true;  // until every child has answered
   parent->children = 1;          // held until every child is posted
-  for (Peer& peer : peers_) {
-    if (peer.lane == nullptr) continue;
+  for (std::size_t i = 0; i < reached_.size(); ++i) {  // the peers with a lane
     ++parent->children;
-    Status s = fence(peer.endpoint, Callback{&AmEngine::on_child_fence, parent});
+    Status s = fence(reached_[i]->state->endpoint, Callback{&AmEngine::on_child_fence, parent});
     if (!s.ok()) {
       --parent->children;
       if (parent->failure.ok()) parent->failure = s;
@@ -71,7 +70,7 @@ bool AmEngine::inject_fence(Peer& peer, Request& r) {
     ready_.push_back(&r);
     return true;
   }
-  if (passed < peer.last_get) return false;  // an earlier GET is still on its way back
+  if (passed < peer.state->last_get) return false;  // an earlier GET is still on its way back
   device::Descriptor* d = lane.fifo().try_reserve();
   if (d == nullptr) return false;
   const std::uint64_t seq = expect_answer(peer, r);
@@ -85,7 +84,7 @@ bool AmEngine::inject_fence(Peer& peer, Request& r) {
 // Target: every earlier packet and PUT from peer is handled and placed.
 void AmEngine::on_fence(Peer& peer, const wire::PacketView& v) {
   ++stats_.fences_answered;
-  if (fence_handler_.fn != nullptr) fence_handler_.fn(fence_handler_.cookie, peer.endpoint);
+  if (fence_handler_.fn != nullptr) fence_handler_.fn(fence_handler_.cookie, peer.state->endpoint);
   ack(peer, v.header.offset, 0, false);
 }
 

@@ -69,10 +69,11 @@ std::size_t AmEngine::service_busy() {
   for (std::size_t i = 0; i < busy_.size(); ++i) work += service(*busy_[i]);
   std::size_t kept = 0;
   for (Peer* p : busy_) {
-    if (p->head != nullptr || !p->controls.empty())
+    PeerState& s = *p->state;
+    if (s.head != nullptr || !s.controls.empty())
       busy_[kept++] = p;
     else
-      p->busy = false;
+      s.busy = false;
   }
   busy_.resize(kept);
   return work;
@@ -104,7 +105,7 @@ void AmEngine::on_packet(Endpoint origin, std::span<const std::byte> bytes) {
     if (seq != 0) ack(peer, seq, wire::kDispatchMissing, wants_answer);
     return false;
   }
-  d.fn(d.cookie, Incoming{peer.endpoint, dispatch, user_header, payload, payload.size(), false}, nullptr);
+  d.fn(d.cookie, Incoming{peer.state->endpoint, dispatch, user_header, payload, payload.size(), false}, nullptr);
   if (seq != 0) ack(peer, seq, 0, wants_answer);
   return true;
 }
@@ -136,7 +137,7 @@ AmEngine::Peer* AmEngine::admit_other(Endpoint origin) {
     from_unknown_peer(*peer);
     return nullptr;
   }
-  ++peer->heard;
+  ++peer->state->heard;  // (a lane: its state is there)
   if (!peer->failure.ok()) {
     ++stats_.packets_from_failed;  // sent before it failed; nobody waits for them now
     return nullptr;
@@ -182,7 +183,7 @@ void AmEngine::handle(Endpoint origin, const wire::PacketView& v) {
 }
 
 void AmEngine::end_previous(Peer& peer) {
-  Reassembly& rx = peer.rx;
+  Reassembly& rx = peer.state->rx;
   if (rx.active && rx.stopped == nullptr) {
     // A lane delivers a message's eager packets back to back; a new message
     // while one is incomplete means the origin broke that rule.
@@ -210,7 +211,7 @@ void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {
 // A first packet that names its buffer or has more to come. (Apart from
 // on_first(): its remote key is not made, nor zeroed, on the short path.)
 void AmEngine::on_first_long(Peer& peer, const wire::PacketView& v, bool rndv) {
-  Reassembly& rx = peer.rx;
+  Reassembly& rx = peer.state->rx;
   wire::RendezvousInfo named;
   if (rndv && !wire::RendezvousInfo::decode(v.rendezvous, v.header.total_len, named)) {
     count_malformed(kBadRendezvous);
@@ -241,8 +242,8 @@ void AmEngine::on_first_long(Peer& peer, const wire::PacketView& v, bool rndv) {
   // is free for it (stop() below then cannot fail).
   const bool can_defer = rndv && !inbound_.exhausted();
   d.fn(d.cookie,
-       Incoming{peer.endpoint, v.header.dispatch, v.user_header, {}, static_cast<std::size_t>(v.header.total_len),
-                can_defer},
+       Incoming{peer.state->endpoint, v.header.dispatch, v.user_header, {},
+                static_cast<std::size_t>(v.header.total_len), can_defer},
        &recv);
   Deferred* defer = can_defer && recv.buffer == nullptr ? recv.defer : nullptr;
   rx = Reassembly{.active = true, .message_id = v.header.message_id, .ack_seq = seq,
@@ -262,7 +263,7 @@ void AmEngine::on_first_long(Peer& peer, const wire::PacketView& v, bool rndv) {
 }
 
 void AmEngine::on_more(Peer& peer, const wire::PacketView& v) {
-  Reassembly& rx = peer.rx;
+  Reassembly& rx = peer.state->rx;
   if (!rx.active || v.header.message_id != rx.message_id || v.header.offset != rx.received ||
       v.header.total_len != rx.total) {
     count_malformed(kOutOfSequence);
@@ -305,8 +306,8 @@ void AmEngine::on_more(Peer& peer, const wire::PacketView& v) {
 // The eager stream ended (every byte came, or it was cut short): done runs,
 // and the sender gets its ack when it waits for one.
 void AmEngine::complete_rx(Peer& peer, Status s) {
-  Reassembly rx = peer.rx;
-  peer.rx = Reassembly{};
+  Reassembly rx = peer.state->rx;
+  peer.state->rx = Reassembly{};
   if (rx.done) rx.done(s);
   std::uint16_t flags = rx.answer_flags;
   if (!s.ok()) flags |= wire::kFailed;
@@ -315,14 +316,14 @@ void AmEngine::complete_rx(Peer& peer, Status s) {
 
 void AmEngine::ack(Peer& peer, std::uint64_t ack_seq, std::uint16_t flags, bool remote_done) {
   if (remote_done) ++stats_.remote_done_sent;
-  acks_.complete(static_cast<std::uint32_t>(&peer - peers_.data()), ack_seq, flags,
+  acks_.complete(peer.state->acks, ack_seq, flags,
                  [this](std::uint32_t p, const AckDispatcher::Range& r) { emit_ack(p, r); });
 }
 
 void AmEngine::emit_ack(std::uint32_t p, const AckDispatcher::Range& range) {
   Peer& peer = peers_[p];
   if (!peer.failure.ok()) return;  // nobody to tell
-  if (peer.controls.size() >= 4 * std::size_t{shape_.options.max_requests}) {
+  if (peer.state->controls.size() >= 4 * std::size_t{shape_.options.max_requests}) {
     // More answers owed than the origin can have requests: not an honest peer.
     count_malformed(kOutOfSequence);
     return;
@@ -337,7 +338,7 @@ void AmEngine::emit_ack(std::uint32_t p, const AckDispatcher::Range& range) {
 void AmEngine::on_ack(Peer& peer, const wire::PacketView& v) {
   const std::uint64_t first = v.header.offset;
   const std::uint64_t count = v.header.total_len;
-  Request* r = peer.unanswered.head;
+  Request* r = peer.state->unanswered.head;
   while (r != nullptr && r->ack_seq < first) r = r->ack_next;
   ++stats_.acks_received;
   for (std::uint64_t seq = first; seq - first < count; ++seq) {

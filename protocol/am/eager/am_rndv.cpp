@@ -13,14 +13,14 @@ constexpr std::size_t kBadRendezvous = 9;  // ContextStats::malformed_by_reason
 
 // Runs the stop policy for the message streaming from peer.
 void AmEngine::consider_stop(Peer& peer) {
-  const Reassembly& rx = peer.rx;
+  const Reassembly& rx = peer.state->rx;
   if (rx.piece != nullptr) return;  // taken in pieces: there is no buffer to GET or PUT into
   const rndv::Inputs in{.total = rx.total,
                         .received = rx.received,
                         .has_buffer = rx.buffer != nullptr,
                         .deferred = rx.defer != nullptr,
                         .zero_copy = rx.zero_copy,
-                        .reception_load = peer.device->reception_load(),
+                        .reception_load = peer.state->device->reception_load(),
                         .low_water = shape_.options.rndv_low_water,
                         .crossover = shape_.options.rndv_crossover.value_or(peer.lane->rdma_crossover()),
                         .configured = shape_.options.rndv_mode,
@@ -31,7 +31,7 @@ void AmEngine::consider_stop(Peer& peer) {
   const rndv::Decision d = rndv::decide(in);
   // Refused (no record free, the buffer cannot be registered): the message
   // goes on eagerly, and is not asked again.
-  if (d.stop && !stop(peer, d)) peer.rx.stop_refused = true;
+  if (d.stop && !stop(peer, d)) peer.state->rx.stop_refused = true;
   // The stop goes out now, not after the rest of this poll's arrivals: every
   // eager packet its sender injects meanwhile is one the rendezvous redoes.
   if (d.stop) service(peer);
@@ -41,12 +41,12 @@ void AmEngine::consider_stop(Peer& peer) {
 // GETs its mode starts with. False (the message goes on eagerly) when no
 // record is free or the receive buffer cannot be registered.
 bool AmEngine::stop(Peer& peer, const rndv::Decision& d) {
-  Reassembly& rx = peer.rx;
+  Reassembly& rx = peer.state->rx;
   Inbound* record = inbound_.acquire();
   if (record == nullptr) return false;
   Inbound& in = *record;
   in.engine = this;
-  in.peer = static_cast<std::uint32_t>(&peer - peers_.data());
+  in.peer = index_of(peer);
   in.message_id = rx.message_id;
   in.ack_seq = rx.ack_seq;
   in.total = rx.total;
@@ -63,7 +63,7 @@ bool AmEngine::stop(Peer& peer, const rndv::Decision& d) {
   rx.stopped = &in;
   if (rx.defer != nullptr) {
     in.waiting = true;
-    *rx.defer = Deferred{in.id(), peer.endpoint, static_cast<std::size_t>(in.total)};
+    *rx.defer = Deferred{in.id(), peer.state->endpoint, static_cast<std::size_t>(in.total)};
   }
   ++stats_.rndv_stops_by_reason[static_cast<std::size_t>(d.reason)];
   ++stats_.rndv_stops_by_mode[static_cast<std::size_t>(d.path)];
@@ -182,8 +182,8 @@ void AmEngine::check_inbound(Inbound& in) {
       ack(peers_[in.peer], in.ack_seq, flags, in.wants_remote_done);
   }
   if (in.in_place && in.end_seen) {
-    Peer& peer = peers_[in.peer];
-    if (peer.rx.stopped == &in) peer.rx = Reassembly{};
+    Reassembly& rx = peers_[in.peer].state->rx;
+    if (rx.stopped == &in) rx = Reassembly{};
     inbound_.release(in);
   }
 }
@@ -197,7 +197,7 @@ void AmEngine::check_inbound(Inbound& in) {
 void AmEngine::on_stop(Peer& peer, const wire::PacketView& v) {
   Request* r = pool_.find(v.header.message_id);
   if (r == nullptr || r->kind != Request::Kind::send || !r->rndv || !r->verdict_pending || r->stopped ||
-      r->peer != static_cast<std::uint32_t>(&peer - peers_.data())) {
+      r->peer != index_of(peer)) {
     count_malformed(kBadRendezvous);
     return;
   }
@@ -212,12 +212,13 @@ void AmEngine::on_stop(Peer& peer, const wire::PacketView& v) {
   r->stopped = true;
   r->eager_end = r->sent;  // no more eager packets
   ++stats_.rndv_stopped;
-  if (peer.head == r) {
+  PeerState& s = *peer.state;
+  if (s.head == r) {
     // Cut short while first in the work queue: nothing of it is left to
     // inject, and its answer may complete (and free it) before service()
     // would have come back to it.
-    peer.head = r->next;
-    if (peer.head == nullptr) peer.tail = nullptr;
+    s.head = r->next;
+    if (s.head == nullptr) s.tail = nullptr;
   }
   // Cut short, the eager packets' last one carried no callback: the answer
   // carries r's local completion, so r lives until it is sent.
@@ -245,7 +246,7 @@ void AmEngine::on_put_done(void* cookie, Status s) {
   if (!s.ok() && r.failure.ok()) r.failure = s;
   --r.puts_pending;
   Peer& peer = e.peers_[r.peer];
-  for (Control& c : peer.controls) {
+  for (Control& c : peer.state->controls) {
     FinItem* f = std::get_if<FinItem>(&c);
     if (f == nullptr || f->owner != &r) continue;
     if (f->put == FinItem::Put::in_flight && r.puts_pending == 0) {
@@ -269,7 +270,7 @@ void AmEngine::on_end(Peer& peer, const wire::PacketView& v) {
     return;
   }
   in->end_seen = true;
-  if (peer.rx.stopped == in) peer.rx = Reassembly{};  // its eager stream is over
+  if (peer.state->rx.stopped == in) peer.state->rx = Reassembly{};  // its eager stream is over
   const std::uint64_t eager = v.header.offset;
   if (fin && (v.header.flags & wire::kFailed) && in->failure.ok())
     in->failure = {StatusCode::remote_access, "receive: the sender's PUT of the message failed"};
