@@ -125,7 +125,8 @@ class TcpBootstrap;
 
 // Every rank's blob, in rank order, in one buffer: the table as it travels
 // between ranks, so that receiving it allocates once, forwarding it copies
-// nothing, and a job of N ranks costs one allocation per table, not N.
+// nothing, and a job of N ranks costs one allocation per table, not N. The
+// buffer is not cleared first: its pages are touched as the bytes arrive.
 class Table {
  public:
   Table() = default;
@@ -135,8 +136,10 @@ class Table {
 
  private:
   friend class TcpBootstrap;
-  Blob frame_;                       // the table frame: count, every length, the blobs
-  std::vector<std::size_t> starts_;  // where each rank's blob begins in frame_
+  std::span<std::byte> frame() const { return {frame_.get(), frame_bytes_}; }
+  std::unique_ptr<std::byte[]> frame_;  // the table frame: count, every length, the blobs
+  std::size_t frame_bytes_ = 0;
+  std::vector<std::size_t> starts_;     // where each rank's blob begins in the frame
 };
 
 // What a Client needs from its job: its place in it, an allgather of one

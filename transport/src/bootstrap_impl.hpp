@@ -210,6 +210,7 @@ struct TcpBootstrap::Impl {
   void tell_failure(const std::string& message);
 
   // rank 0, the gather (bootstrap.cpp); a table from blobs (bootstrap_tree.cpp)
+  static Table table_for(std::span<const std::byte> lengths);
   static Table pack(const std::vector<Blob>& all);
   Table gather(std::span<const std::byte> mine, Clock::time_point deadline);
   std::string ranks_missing(const std::vector<bool>& have, const std::string& step) const;

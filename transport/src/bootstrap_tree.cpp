@@ -15,8 +15,8 @@ using namespace wire;
 // ---- the table ----------------------------------------------------------
 
 std::span<const std::byte> Table::operator[](std::uint32_t rank) const {
-  const std::size_t end = rank + 1 < starts_.size() ? starts_[rank + 1] : frame_.size();
-  return std::span(frame_).subspan(starts_[rank], end - starts_[rank]);
+  const std::size_t end = rank + 1 < starts_.size() ? starts_[rank + 1] : frame_bytes_;
+  return std::span<const std::byte>(frame()).subspan(starts_[rank], end - starts_[rank]);
 }
 
 std::vector<Blob> Table::blobs() const {
@@ -25,18 +25,29 @@ std::vector<Blob> Table::blobs() const {
   return all;
 }
 
-Table TcpBootstrap::Impl::pack(const std::vector<Blob>& all) {
+// A table of `count` blobs whose lengths are in `lengths` (count words, as
+// on the wire): the frame allocated, its head written, room for the blobs.
+Table TcpBootstrap::Impl::table_for(std::span<const std::byte> lengths) {
   Table table;
-  std::size_t total = 4 + 4 * all.size();
-  for (const Blob& b : all) total += b.size();
-  table.frame_.reserve(total);
-  append_u32(table.frame_, static_cast<std::uint32_t>(all.size()));
-  for (const Blob& b : all) append_u32(table.frame_, static_cast<std::uint32_t>(b.size()));
-  table.starts_.reserve(all.size());
-  for (const Blob& b : all) {
-    table.starts_.push_back(table.frame_.size());
-    table.frame_.insert(table.frame_.end(), b.begin(), b.end());
+  const std::size_t count = lengths.size() / 4;
+  std::size_t total = 4 + lengths.size();
+  table.starts_.resize(count);
+  for (std::size_t r = 0; r < count; ++r) {
+    table.starts_[r] = total;
+    total += get_u32(&lengths[4 * r]);
   }
+  table.frame_ = std::make_unique_for_overwrite<std::byte[]>(total);
+  table.frame_bytes_ = total;
+  put_u32(table.frame_.get(), static_cast<std::uint32_t>(count));
+  std::ranges::copy(lengths, table.frame_.get() + 4);
+  return table;
+}
+
+Table TcpBootstrap::Impl::pack(const std::vector<Blob>& all) {
+  Blob lengths;
+  for (const Blob& b : all) append_u32(lengths, static_cast<std::uint32_t>(b.size()));
+  Table table = table_for(lengths);
+  for (std::size_t r = 0; r < all.size(); ++r) std::ranges::copy(all[r], table.frame_.get() + table.starts_[r]);
   return table;
 }
 
@@ -126,26 +137,17 @@ Table TcpBootstrap::Impl::receive_table(std::span<const std::byte> mine, Clock::
   const std::string step = "reading the blob table";
   const bool watch = &from != &root();
   if (watch) watch_root(step);
-  Table table;
-  Blob& frame = table.frame_;
-  frame.resize(4);
-  read_exact(from, asio::buffer(frame), deadline, step);
-  const std::uint32_t count = get_u32(frame.data());
+  const std::uint32_t count = read_word(from, deadline, step);
   if (count == kFailureMark) sender_failed(from, deadline, step);
   if (count != options.size)
     fail_now("malformed table: " + std::to_string(count) + " entries for a job of " + std::to_string(options.size),
              from.name, step);
-  const std::size_t head = 4 + 4 * std::size_t{count};
-  frame.resize(head);
-  read_lengths(from, std::span(frame).subspan(4), deadline, step);
-  std::size_t total = head;
-  table.starts_.resize(count);
-  for (std::uint32_t r = 0; r < count; ++r) {
-    table.starts_[r] = total;
-    total += get_u32(&frame[4 + 4 * std::size_t{r}]);
-  }
-  frame.resize(total);
-  if (total > head) read_exact(from, asio::buffer(frame.data() + head, total - head), deadline, step);
+  Blob lengths(4 * std::size_t{count});
+  read_lengths(from, lengths, deadline, step);
+  Table table = table_for(lengths);
+  const std::size_t head = 4 + lengths.size();
+  if (table.frame_bytes_ > head)
+    read_exact(from, asio::buffer(table.frame_.get() + head, table.frame_bytes_ - head), deadline, step);
   if (watch) stop_watching_root(deadline);
   if (!std::ranges::equal(table[options.rank], mine))
     fail_now("malformed table: the blob it holds for this rank is not the one this rank sent", from.name, step);
@@ -223,8 +225,8 @@ void TcpBootstrap::Impl::forward(const Table& table, Clock::time_point deadline)
   const std::string step = "receiving the blob table";
   for (Member* m : links) {
     m->sending = true;
-    asio::async_write(m->socket, asio::buffer(table.frame_), [this, m, &writes, &step](const error_code& ec,
-                                                                                     std::size_t n) {
+    asio::async_write(m->socket, asio::buffer(table.frame_.get(), table.frame_bytes_),
+                      [this, m, &writes, &step](const error_code& ec, std::size_t n) {
       m->sending = false;
       bytes_sent += n;
       if (completed(ec, m->name, step)) --writes;
