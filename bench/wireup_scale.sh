@@ -88,7 +88,7 @@ for ((n = 64; n <= MAX_N; n *= 2)); do
   elif ((status == 3)); then
     echo "# N=$n not run to the end: $(grep -o 'stopped: .*' "$log"); MemAvailable was $available MiB" | tee -a "$tsv"
   else
-    echo "# N=$n failed: $(grep -v 'refused' "$log" | tail -1)" | tee -a "$tsv"
+    grep '^wireup_sim:' "$log" | sed "s/^/# N=$n failed: /" | tee -a "$tsv"
   fi
   [[ -s $log ]] || rm -f "$log"
 done
@@ -98,7 +98,7 @@ star=bench/wireup_star.dat
 table() {  # table TREE_COLUMN STAR_COLUMN HEADER
   awk -v tc="$1" -v sc="$2" -v header="$3" '
     /^#/ || NF == 0 { next }
-    FNR == 1 { for (i = 1; i <= NF; i++) col[FILENAME, $i] = i; next }
+    !seen[FILENAME]++ { for (i = 1; i <= NF; i++) col[FILENAME, $i] = i; next }
     FILENAME == ARGV[1] { tree[$1] = $(col[FILENAME, tc]); n[$1] = 1 }
     FILENAME == ARGV[2] { old[$1] = $(col[FILENAME, sc]); n[$1] = 1 }
     END {

@@ -33,7 +33,9 @@
 //   processes      processes the ranks were spread over
 //   peak_total_mib the most resident memory all of them held at once,
 //                  sampled every 50 ms (see below)
-// On any failure it prints the first error, names the rank, and exits 1.
+// On any failure it prints how many ranks failed and the first error of each
+// process that had one (rank 0's first: often only a consequence), and
+// exits 1.
 //
 // The ranks of one host may need more memory than it has: the coordinator
 // samples its processes' resident memory every 50 ms and, past
@@ -280,17 +282,21 @@ struct Totals {
   std::vector<std::int64_t> first_start, last_end;  // by repetition
   std::uint32_t busiest_rank = 0, ranks_reported = 0;
   std::uint64_t busiest_bytes = 0, sum_bytes = 0, wireup_bytes = 0;
-  std::string error;
+  std::vector<std::string> errors;  // the first of each process that had any
+  std::uint32_t failed = 0;
 };
 
 void read_report(const std::string& text, bool rank0_process, Totals& t) {
   std::istringstream lines(text);
+  bool erred = false;
   for (std::string line; std::getline(lines, line);) {
     std::istringstream in(line);
     std::string kind;
     in >> kind;
     if (kind == "error") {
-      if (t.error.empty()) t.error = line.substr(6);
+      ++t.failed;
+      if (!erred) t.errors.push_back(line.substr(6));
+      erred = true;
     } else if (kind == "process") {
       std::uint64_t ranks, fds, rss, hwm;
       in >> ranks >> fds >> rss >> hwm;
@@ -405,15 +411,18 @@ int coordinate(const Args& args) {
     const std::string& text = texts[i];
     int status = 0;
     ::waitpid(pids[i], &status, 0);
-    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0) && t.error.empty())
-      t.error = "the process of ranks " + std::to_string(spans[i].first) + ".." +
-                std::to_string(spans[i].first + spans[i].second - 1) + " ended abnormally (status " +
-                std::to_string(status) + ")";
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+      t.errors.push_back("the process of ranks " + std::to_string(spans[i].first) + ".." +
+                         std::to_string(spans[i].first + spans[i].second - 1) + " ended abnormally (status " +
+                         std::to_string(status) + ")");
     read_report(text, i == 0, t);
   }
-  if (t.error.empty() && t.ranks_reported != args.ranks) t.error = "not every rank reported";
-  if (!t.error.empty()) {
-    std::fprintf(stderr, "wireup_sim: N=%u: %s\n", args.ranks, t.error.c_str());
+  if (t.errors.empty() && t.ranks_reported != args.ranks) t.errors.push_back("not every rank reported");
+  if (!t.errors.empty()) {
+    std::fprintf(stderr, "wireup_sim: N=%u: %u rank(s) failed; the first error of each process that had one:\n",
+                 args.ranks, t.failed);
+    for (std::size_t i = 0; i < t.errors.size() && i < 6; ++i)
+      std::fprintf(stderr, "wireup_sim:   %s\n", t.errors[i].substr(0, 400).c_str());
     return 1;
   }
   std::vector<double> times;
@@ -458,13 +467,14 @@ int main(int argc, char** argv) {
     if (i + 1 == argc) return usage();
     const char* value = argv[++i];
     long long ms = 0;
-    const bool ok = flag == "--ranks"               ? parse(value, args.ranks)
-                    : flag == "--blob-bytes"        ? parse(value, args.blob_bytes)
-                    : flag == "--repeats"           ? parse(value, args.repeats)
-                    : flag == "--ranks-per-process" ? parse(value, args.ranks_per_process)
-                    : flag == "--timeout-ms"        ? parse(value, ms) && (args.timeout = std::chrono::milliseconds(ms), true)
-                    : flag == "--memory-budget-mib" ? parse(value, args.memory_budget_kib) && (args.memory_budget_kib *= 1024)
-                                                    : false;
+    std::uint64_t mib = 0;
+    bool ok = false;
+    if (flag == "--ranks") ok = parse(value, args.ranks);
+    else if (flag == "--blob-bytes") ok = parse(value, args.blob_bytes);
+    else if (flag == "--repeats") ok = parse(value, args.repeats);
+    else if (flag == "--ranks-per-process") ok = parse(value, args.ranks_per_process);
+    else if (flag == "--timeout-ms") ok = parse(value, ms), args.timeout = std::chrono::milliseconds(ms);
+    else if (flag == "--memory-budget-mib") ok = parse(value, mib), args.memory_budget_kib = mib * 1024;
     if (!ok) return usage();
   }
   if (args.blob_bytes > ami::bootstrap::kMaxBlobBytes) {

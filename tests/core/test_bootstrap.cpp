@@ -1072,7 +1072,8 @@ std::string read_all(int fd) {
 bool reap(pid_t pid, std::chrono::seconds limit) {
   int status = 0;
   pid_t done = 0;
-  for (const auto give_up = Clock::now() + limit; (done = waitpid(pid, &status, WNOHANG)) == 0 && Clock::now() < give_up;)
+  for (const auto give_up = Clock::now() + limit;
+       (done = waitpid(pid, &status, WNOHANG)) == 0 && Clock::now() < give_up;)
     std::this_thread::sleep_for(5ms);
   if (done == 0) ::kill(pid, SIGKILL), waitpid(pid, &status, 0);
   return done == pid;
@@ -1091,7 +1092,8 @@ TEST_CASE("the table reaches every rank whole at sizes that are not powers of tw
       REQUIRE(outcomes[r].rounds.size() == std::size_t{kRounds});
       for (int i = 0; i < kRounds; ++i) {
         REQUIRE(outcomes[r].rounds[i].size() == size);
-        for (std::uint32_t from = 0; from < size; ++from) CHECK(outcomes[r].rounds[i][from] == distinct_blob(from, size, i));
+        for (std::uint32_t from = 0; from < size; ++from)
+          CHECK(outcomes[r].rounds[i][from] == distinct_blob(from, size, i));
       }
     }
   }

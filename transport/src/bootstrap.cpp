@@ -72,9 +72,9 @@ void TcpBootstrap::Impl::run(Clock::time_point deadline, const std::function<boo
   if (failure) abort();
 }
 
-// The rank first tells the ranks that joined it why; then every socket is closed, the
-// cancelled handlers finish (they hold references into the callers'
-// frames), and the recorded failure is thrown.
+// The rank first tells the ranks that joined it why; then every socket is
+// closed, the cancelled handlers finish (they hold references into the
+// callers' frames), and the recorded failure is thrown.
 void TcpBootstrap::Impl::abort() {
   const std::string message = failure.value_or(prefix() + "failed");
   tell_failure(message);

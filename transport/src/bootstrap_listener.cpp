@@ -336,8 +336,8 @@ void TcpBootstrap::Impl::read_key(const JoinerPtr& j) {
                       " (not an ami bootstrap peer)");
   if (hello.version != kVersion)
     return refuse(j, Verdict::bad_version,
-                  "bad version " + std::to_string(hello.version) + " in the hello, rank " + std::to_string(options.rank) + " speaks version " +
-                      std::to_string(kVersion));
+                  "bad version " + std::to_string(hello.version) + " in the hello, rank " +
+                      std::to_string(options.rank) + " speaks version " + std::to_string(kVersion));
   asio::async_read(j->socket, asio::buffer(j->key_length), [this, j](const error_code& e, std::size_t) {
     if (e == asio::error::operation_aborted) return;
     if (e) return refuse(j, Verdict::wrong_key, "no job key after its hello (" + e.message() + ")");
