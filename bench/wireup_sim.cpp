@@ -4,6 +4,12 @@
 // out of descriptors (rank 0 has a process of its own: it alone holds a
 // socket per rank). bench/wireup_scale.sh runs it for a range of N.
 //
+// Each process stands for a host and has an address of its own on loopback
+// (127.0.0.1 for rank 0, 127.0.0.2 for the next, ...; Options::local_host):
+// on one address, the 16383 connections to rank 0 of a job of 16384 and the
+// 8191 parents' listening ports would all share one range of ephemeral
+// ports, which they then exhaust; on a cluster every host has its own.
+//
 // Each repetition, every rank passes a barrier, times one allgather_table()
 // of --blob-bytes bytes, checks every blob of the table against what its
 // rank sent (a hash of the content, which every rank can compute), and drops
@@ -135,6 +141,11 @@ std::uint64_t status_kib(const std::string& field, const std::string& process = 
   return 0;
 }
 
+// The loopback address standing for process p's host.
+std::string host_of(std::uint32_t process) {
+  return "127.0." + std::to_string(process / 250) + "." + std::to_string(process % 250 + 1);
+}
+
 struct RankResult {
   std::uint64_t wireup_bytes = 0, allgather_bytes = 0;
   std::vector<std::int64_t> starts, ends;
@@ -143,8 +154,8 @@ struct RankResult {
 
 // What every rank thread of a process shares.
 struct Process {
-  Process(const Args& a, std::uint16_t p, std::uint32_t first, std::uint32_t count)
-      : args(a), port(p), first_rank(first), results(count), formed(count, [this]() noexcept { fds = open_fds(); }),
+  Process(const Args& a, std::uint16_t p, std::string h, std::uint32_t first, std::uint32_t count)
+      : args(a), port(p), host(std::move(h)), first_rank(first), results(count), formed(count, [this]() noexcept { fds = open_fds(); }),
         finished(count, [this]() noexcept {
           rss_kib = status_kib("VmRSS");
           hwm_kib = status_kib("VmHWM");
@@ -159,6 +170,7 @@ struct Process {
   }
   const Args& args;
   std::uint16_t port;
+  std::string host;  // this process's own address
   std::uint32_t first_rank;
   std::vector<std::uint64_t> expected;  // by repetition, then rank
   std::vector<RankResult> results;
@@ -184,8 +196,9 @@ void run_rank(Process& p, std::uint32_t index) {
   const std::uint32_t rank = p.first_rank + index;
   bool formed = false;
   try {
-    TcpBootstrap boot({.rank = rank, .size = p.args.ranks, .host = "127.0.0.1", .port = p.port,
-                       .timeout = p.args.timeout, .key = "wireup_sim"});
+    TcpBootstrap boot({.rank = rank, .size = p.args.ranks, .host = host_of(0),
+                       .local_host = rank == 0 ? "" : p.host, .port = p.port, .timeout = p.args.timeout,
+                       .key = "wireup_sim"});
     out.wireup_bytes = boot.bytes_sent();
     formed = true;
     p.formed.arrive_and_wait();
@@ -217,8 +230,9 @@ void* rank_thread(void* arg) {
 
 // Runs ranks [first, first + count) as threads and writes what they saw to
 // `out`, a line per fact (see read_report).
-void host_ranks(const Args& args, std::uint16_t port, std::uint32_t first, std::uint32_t count, int out) {
-  Process p(args, port, first, count);
+void host_ranks(const Args& args, std::uint16_t port, std::uint32_t process, std::uint32_t first,
+                std::uint32_t count, int out) {
+  Process p(args, port, host_of(process), first, count);
   std::vector<pthread_t> threads(count);
   std::vector<std::pair<Process*, std::uint32_t>> jobs(count);
   pthread_attr_t attr;
@@ -381,7 +395,8 @@ int coordinate(const Args& args) {
     spans.emplace_back(r, std::min(args.ranks_per_process, args.ranks - r));
   std::vector<pid_t> pids;
   std::vector<int> reports;
-  for (auto [first, count] : spans) {
+  for (std::uint32_t process = 0; process < spans.size(); ++process) {
+    const auto [first, count] = spans[process];
     int pipe_fds[2];
     if (::pipe(pipe_fds) != 0) throw ami::Error("wireup_sim: pipe: " + std::string(std::strerror(errno)));
     const pid_t pid = ::fork();
@@ -390,7 +405,7 @@ int coordinate(const Args& args) {
       ::close(pipe_fds[0]);
       for (int fd : reports) ::close(fd);
       ::close(STDIN_FILENO);
-      host_ranks(args, port, first, count, pipe_fds[1]);
+      host_ranks(args, port, process, first, count, pipe_fds[1]);
       _exit(0);
     }
     ::close(pipe_fds[1]);

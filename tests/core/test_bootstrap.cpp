@@ -1331,3 +1331,66 @@ TEST_CASE("a rank killed during an allgather fails every other rank at once, nam
     }
   }
 }
+
+TEST_CASE("a rank names rank 0 behind a bad parent address, or rank 0's failure in its place") {
+  // Rank 3 of 4: its parent is rank 1, so rank 0 owes it where rank 1 listens.
+  asio::io_context io;
+  tcp::acceptor acceptor(io, {asio::ip::make_address("127.0.0.1"), 0});
+  const std::uint16_t port = acceptor.local_endpoint().port();
+  const std::string root = "rank 0 at 127.0.0.1:" + std::to_string(port);
+  auto other = in_thread([&] { TcpBootstrap boot(options(3, 4, port, 2000ms)); });
+  tcp::socket s = acceptor.accept();
+  CHECK(get_words(s, 5) == std::vector<std::uint32_t>{kMagic, kVersion, 3, 4, std::uint32_t(kKey.size())});
+  std::string key(kKey.size(), '\0');
+  asio::read(s, asio::buffer(key));
+  put_words(s, {kMagic, kVersion, accepted, 4});
+  const std::string step = "(" + root + ", waiting to learn where its parent listens)";
+
+  SUBCASE("an oversize host") {
+    put_words(s, {1000});
+    CHECK(contains(other.get(), "malformed parent address: a host of 1000 bytes exceeds the limit of 255 " + step));
+  }
+  SUBCASE("no address") {
+    put_words(s, {9});
+    asio::write(s, asio::buffer("localhost", 9));
+    put_words(s, {7000});
+    CHECK(contains(other.get(), "malformed parent address: 'localhost' port 7000 " + step));
+  }
+  SUBCASE("port 0") {
+    put_words(s, {9});
+    asio::write(s, asio::buffer("127.0.0.1", 9));
+    put_words(s, {0});
+    CHECK(contains(other.get(), "malformed parent address: '127.0.0.1' port 0 " + step));
+  }
+  SUBCASE("rank 0's failure") {
+    put_words(s, {kFailureMark, 4});
+    asio::write(s, asio::buffer("gone", 4));
+    s.close();
+    CHECK(contains(other.get(), "bootstrap: rank 3: rank 0 failed: gone " + step));
+  }
+  SUBCASE("a silence") {
+    CHECK(contains(other.get(), "timed out after 2000 ms " + step));
+  }
+}
+
+TEST_CASE("ranks with addresses of their own connect and listen there") {
+  constexpr std::uint32_t kSize = 7;
+  const std::uint16_t port = free_port();
+  std::vector<std::future<TreeOutcome>> ranks(kSize);
+  for (std::uint32_t r = 0; r < kSize; ++r) {
+    Options o = options(r, kSize, port, 20000ms);
+    if (r != 0) o.local_host = "127.0.0." + std::to_string(2 + r % 3);
+    ranks[r] = std::async(std::launch::async, run_tree_rank, o, 2, 0);
+  }
+  for (std::uint32_t r = 0; r < kSize; ++r) {
+    CAPTURE(r);
+    const TreeOutcome o = ranks[r].get();
+    REQUIRE(o.error == "");
+    for (int i = 0; i < 2; ++i)
+      for (std::uint32_t from = 0; from < kSize; ++from) CHECK(o.rounds[i][from] == distinct_blob(from, kSize, i));
+  }
+  Options bad = options(1, 2, port);
+  bad.local_host = "not an address";
+  CHECK(contains(error_of([&] { TcpBootstrap b(bad); }), "bootstrap: rank 1: cannot use 'not an address' as this "
+                                                         "rank's address"));
+}

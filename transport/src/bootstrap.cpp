@@ -178,7 +178,7 @@ void TcpBootstrap::Impl::join(Member& peer, const std::vector<tcp::endpoint>& en
 bool TcpBootstrap::Impl::join_once(Member& peer, const std::vector<tcp::endpoint>& endpoints,
                                    Clock::time_point deadline, std::string& last) {
   std::optional<error_code> result;
-  asio::async_connect(peer.socket, endpoints, [&](const error_code& e, const tcp::endpoint&) { result = e; });
+  start_connect(peer, endpoints, result);
   run(deadline, [&] { return result.has_value(); }, [&] {
     return "connecting to " + peer.name + ", retrying every " + std::to_string(kRetryInterval.count()) + " ms" +
            (last.empty() ? "" : "; last error: " + last);
@@ -191,6 +191,25 @@ bool TcpBootstrap::Impl::join_once(Member& peer, const std::vector<tcp::endpoint
   peer.socket.set_option(tcp::no_delay(true), ignored);
   if (peer.rank == 0 && has_children(options.rank, options.size) && !acceptor) open_children_acceptor();
   return greet(peer, deadline, last);
+}
+
+// From the rank's own address, if it has one, to the first of the peer's
+// endpoints in that address's family; otherwise to each in turn.
+void TcpBootstrap::Impl::start_connect(Member& peer, const std::vector<tcp::endpoint>& endpoints,
+                                       std::optional<error_code>& result) {
+  if (!local) {
+    asio::async_connect(peer.socket, endpoints, [&](const error_code& e, const tcp::endpoint&) { result = e; });
+    return;
+  }
+  const std::string step = "connecting from " + local->to_string();
+  const auto to =
+      std::ranges::find_if(endpoints, [&](const tcp::endpoint& e) { return e.address().is_v4() == local->is_v4(); });
+  if (to == endpoints.end()) fail_now("no address of the peer in the family of this rank's own", peer.name, step);
+  error_code ec;
+  peer.socket.open(to->protocol(), ec);
+  if (!ec) peer.socket.bind({*local, 0}, ec);
+  if (ec) fail_now("cannot bind to this rank's address: " + ec.message(), peer.name, step);
+  peer.socket.async_connect(*to, [&](const error_code& e) { result = e; });
 }
 
 // To rank 0, a rank with children says where they will find it: the port
@@ -316,6 +335,11 @@ TcpBootstrap::TcpBootstrap(const Options& options) : impl_(std::make_unique<Impl
   if (options.rank != 0 && (options.host.empty() || options.port == 0))
     throw Error(m.prefix() + "no address to reach rank 0 at (host '" + options.host + "', port " +
                 std::to_string(options.port) + ")");
+  if (options.rank != 0 && !options.local_host.empty()) {
+    error_code ec;
+    m.local = asio::ip::make_address(options.local_host, ec);
+    if (ec) throw Error(m.prefix() + "cannot use '" + options.local_host + "' as this rank's address: " + ec.message());
+  }
   const Clock::time_point deadline = Clock::now() + options.timeout;
   if (options.rank == 0) m.listen(deadline);
   else m.connect(deadline);

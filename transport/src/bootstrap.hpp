@@ -11,8 +11,8 @@
 // the tree, each of which forwards it to its own: rank r's children are
 // kTreeFanOut r + 1 .. kTreeFanOut r + kTreeFanOut. So no rank sends more
 // than kTreeFanOut tables and its blob, O(N) bytes for a job of N (answering
-// every rank itself, rank 0 sent N tables, O(N^2)), and a table reaches every
-// rank after ceil(log2 N) hops. Every wait is bounded by Options::timeout,
+// every rank itself, rank 0 sent N - 1 tables, O(N^2)), and a table reaches
+// every rank within floor(log2 N) hops. Every wait is bounded by Options::timeout,
 // and every failure throws ami::Error naming the peer (rank and/or address)
 // and the problem. This is the setup path only: it is bounded, not fast.
 //
@@ -95,6 +95,10 @@ struct Options {
   std::uint32_t rank = 0;
   std::uint32_t size = 1;
   std::string host;        // rank 0 binds here ("" or "0.0.0.0" = any), others connect here
+  // A rank other than 0: the address it connects from and its children
+  // connect to (a numeric address of this host); "" lets routing choose, the
+  // address it reaches rank 0 from. For a host with several networks.
+  std::string local_host;
   std::uint16_t port = 0;  // rank 0 may pass 0 and learn the chosen port from TcpBootstrap::port()
   std::chrono::milliseconds timeout{30000};  // for connecting (others retry until it), and for each exchange
   // Rank 0: how long an accepted connection may take to say its hello (a

@@ -133,6 +133,7 @@ struct TcpBootstrap::Impl {
   // Emplaced by listen() only: the first socket brings up the reactor and its
   // descriptors, which a job of one never needs.
   std::optional<tcp::acceptor> acceptor;
+  std::optional<asio::ip::address> local;  // Options::local_host, parsed
   std::optional<asio::steady_timer> hello_timer;   // the oldest pending connection's hello deadline
   std::optional<asio::steady_timer> accept_timer;  // the next accept after a shortage
   bool hello_timer_armed = false;
@@ -221,6 +222,7 @@ struct TcpBootstrap::Impl {
   void join(Member& peer, const std::vector<tcp::endpoint>& endpoints, Clock::time_point deadline);
   bool join_once(Member& peer, const std::vector<tcp::endpoint>& endpoints, Clock::time_point deadline,
                  std::string& last);
+  void start_connect(Member& peer, const std::vector<tcp::endpoint>& endpoints, std::optional<error_code>& result);
   bool greet(Member& peer, Clock::time_point deadline, std::string& last);
   void check_answer(Member& peer, const wire::HelloFrame& frame, Clock::time_point deadline, const std::string& step);
   std::string read_reason(Member& peer, Clock::time_point deadline, const std::string& step);
