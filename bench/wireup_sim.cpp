@@ -39,9 +39,9 @@
 //   processes      processes the ranks were spread over
 //   peak_total_mib the most resident memory all of them held at once,
 //                  sampled every 50 ms (see below)
-// On any failure it prints how many ranks failed and the first error of each
-// process that had one (rank 0's first: often only a consequence), and
-// exits 1.
+// On any failure it prints how many ranks failed and the earliest errors
+// (the later ones are mostly consequences: timeouts waiting for the failed),
+// and exits 1.
 //
 // The ranks of one host may need more memory than it has: the coordinator
 // samples its processes' resident memory every 50 ms and, past
@@ -150,6 +150,7 @@ struct RankResult {
   std::uint64_t wireup_bytes = 0, allgather_bytes = 0;
   std::vector<std::int64_t> starts, ends;
   std::string error;
+  std::int64_t failed_ns = 0;
 };
 
 // What every rank thread of a process shares.
@@ -216,6 +217,7 @@ void run_rank(Process& p, std::uint32_t index) {
     }  // each table is dropped as its repetition ends
     p.finished.arrive_and_wait();
   } catch (const std::exception& e) {
+    out.failed_ns = now_ns();
     out.error = e.what();
     if (!formed) p.formed.arrive_and_drop();
     p.finished.arrive_and_drop();
@@ -243,8 +245,8 @@ void host_ranks(const Args& args, std::uint16_t port, std::uint32_t process, std
   for (; started < count; ++started) {
     jobs[started] = {&p, started};
     if (const int rc = pthread_create(&threads[started], &attr, rank_thread, &jobs[started]); rc != 0) {
-      report += "error rank " + std::to_string(first + started) + ": cannot start its thread: " + std::strerror(rc) +
-                "\n";
+      report += "error " + std::to_string(now_ns()) + " rank " + std::to_string(first + started) +
+                ": cannot start its thread: " + std::strerror(rc) + "\n";
       break;
     }
   }
@@ -254,7 +256,7 @@ void host_ranks(const Args& args, std::uint16_t port, std::uint32_t process, std
             std::to_string(p.hwm_kib) + "\n";
   for (std::uint32_t i = 0; i < started; ++i) {
     const RankResult& r = p.results[i];
-    if (!r.error.empty()) report += "error " + r.error + "\n";
+    if (!r.error.empty()) report += "error " + std::to_string(r.failed_ns) + " " + r.error + "\n";
     report += "rank " + std::to_string(first + i) + " " + std::to_string(r.wireup_bytes) + " " +
               std::to_string(r.allgather_bytes);
     for (std::size_t k = 0; k < r.starts.size(); ++k)
@@ -296,21 +298,23 @@ struct Totals {
   std::vector<std::int64_t> first_start, last_end;  // by repetition
   std::uint32_t busiest_rank = 0, ranks_reported = 0;
   std::uint64_t busiest_bytes = 0, sum_bytes = 0, wireup_bytes = 0;
-  std::vector<std::string> errors;  // the first of each process that had any
+  std::vector<std::pair<std::int64_t, std::string>> errors;  // when, what
   std::uint32_t failed = 0;
 };
 
 void read_report(const std::string& text, bool rank0_process, Totals& t) {
   std::istringstream lines(text);
-  bool erred = false;
   for (std::string line; std::getline(lines, line);) {
     std::istringstream in(line);
     std::string kind;
     in >> kind;
     if (kind == "error") {
       ++t.failed;
-      if (!erred) t.errors.push_back(line.substr(6));
-      erred = true;
+      std::int64_t when = 0;
+      in >> when;
+      std::string what;
+      std::getline(in >> std::ws, what);
+      t.errors.emplace_back(when, what);
     } else if (kind == "process") {
       std::uint64_t ranks, fds, rss, hwm;
       in >> ranks >> fds >> rss >> hwm;
@@ -427,17 +431,17 @@ int coordinate(const Args& args) {
     int status = 0;
     ::waitpid(pids[i], &status, 0);
     if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0))
-      t.errors.push_back("the process of ranks " + std::to_string(spans[i].first) + ".." +
-                         std::to_string(spans[i].first + spans[i].second - 1) + " ended abnormally (status " +
-                         std::to_string(status) + ")");
+      t.errors.emplace_back(0, "the process of ranks " + std::to_string(spans[i].first) + ".." +
+                                   std::to_string(spans[i].first + spans[i].second - 1) +
+                                   " ended abnormally (status " + std::to_string(status) + ")");
     read_report(text, i == 0, t);
   }
-  if (t.errors.empty() && t.ranks_reported != args.ranks) t.errors.push_back("not every rank reported");
+  if (t.errors.empty() && t.ranks_reported != args.ranks) t.errors.emplace_back(0, "not every rank reported");
   if (!t.errors.empty()) {
-    std::fprintf(stderr, "wireup_sim: N=%u: %u rank(s) failed; the first error of each process that had one:\n",
-                 args.ranks, t.failed);
-    for (std::size_t i = 0; i < t.errors.size() && i < 6; ++i)
-      std::fprintf(stderr, "wireup_sim:   %s\n", t.errors[i].substr(0, 400).c_str());
+    std::sort(t.errors.begin(), t.errors.end());
+    std::fprintf(stderr, "wireup_sim: N=%u: %u rank(s) failed; the earliest errors:\n", args.ranks, t.failed);
+    for (std::size_t i = 0; i < t.errors.size() && i < 5; ++i)
+      std::fprintf(stderr, "wireup_sim:   %s\n", t.errors[i].second.substr(0, 400).c_str());
     return 1;
   }
   std::vector<double> times;
