@@ -7,7 +7,8 @@
 # one allgather, the most any rank sent to form the job, resident memory and
 # descriptors per rank (see bench/wireup_sim.cpp for every column). The
 # times and the busiest rank's bytes are drawn, log-log, beside the star
-# allgather's measured numbers (bench/wireup_star.dat).
+# allgather's measured numbers (bench/wireup_star.dat), which were taken with
+# the Client's address blobs of their time, not with this run's blob size.
 #
 # An N this host cannot run gets a line saying why instead of a row: more
 # threads than the kernel has task ids left, more descriptors than rank 0
@@ -109,9 +110,9 @@ table() {  # table TREE_COLUMN STAR_COLUMN HEADER
 table time_s time_s "n tree star" >"$OUT_DIR/wireup_time.dat"
 table busiest_bytes busiest_bytes "n tree star" >"$OUT_DIR/wireup_bytes.dat"
 bench/plot.sh --count-x --pairs -x "ranks (N)" -y "allgather time [s]" \
-  -t "TCP bootstrap allgather, $BLOB_BYTES B blobs: the tree (this build) and the star (measured before it)" \
+  -t "TCP bootstrap allgather: the tree ($BLOB_BYTES B blobs) and the star (as measured before it, its own blobs)" \
   "$OUT_DIR/wireup_time.dat" "$OUT_DIR/wireup_time.png" || true
 bench/plot.sh --count-x --pairs -x "ranks (N)" -y "bytes sent by the busiest rank in one allgather [B]" \
-  -t "TCP bootstrap allgather, $BLOB_BYTES B blobs: the tree (this build) and the star (measured before it)" \
+  -t "TCP bootstrap allgather: the tree ($BLOB_BYTES B blobs) and the star (as measured before it, its own blobs)" \
   "$OUT_DIR/wireup_bytes.dat" "$OUT_DIR/wireup_bytes.png" || true
 echo "wireup_scale: $tsv, $OUT_DIR/wireup_time.png, $OUT_DIR/wireup_bytes.png"
