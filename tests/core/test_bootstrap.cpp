@@ -3,6 +3,10 @@
 // peers, raw Asio sockets speaking the wire format by hand, that break each
 // rule of the handshake and the framing; and what strangers can cost rank 0:
 // floods, silent connections, second claims of a rank, a descriptor limit.
+// Then the tree the tables go down: the table at sizes that are not powers
+// of two, the bytes each rank sends, a parent's checks of its children's
+// hellos (children played by hand), a parent that never answers, a bad
+// parent address, and a rank killed during an allgather.
 // Ranks run off the main thread; only the main thread asserts (a forked rank
 // 0 reports in words through a pipe).
 #include <doctest/doctest.h>

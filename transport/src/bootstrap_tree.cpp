@@ -66,8 +66,9 @@ std::vector<TcpBootstrap::Impl::Member*> TcpBootstrap::Impl::downstream() {
   return links;
 }
 
-// A rank with children listens where it reaches rank 0 from: an address its
-// children, which reach rank 0 too, are likeliest to reach. Opened before its
+// A rank with children listens where it reaches rank 0 from (its
+// local_host, when it has one): an address its children, which reach rank 0
+// too, are likeliest to reach. Opened before its
 // hello, since the hello says the port; its children connect once the whole
 // job has joined, and until this rank serves them the kernel holds them.
 void TcpBootstrap::Impl::open_children_acceptor() {
