@@ -3,7 +3,7 @@
 # line per column, both axes logarithmic. Every benchmark here draws its
 # plots with it; a new one adds one call.
 #
-# usage: bench/plot.sh -y YLABEL [-t TITLE] [-x XLABEL] [--linear-x] [--pairs] TABLE OUT.png
+# usage: bench/plot.sh -y YLABEL [-t TITLE] [-x XLABEL] [--linear-x|--count-x] [--pairs] TABLE OUT.png
 #
 #   TABLE     a text file of whitespace-separated columns. Lines starting
 #             with '#' and blank lines are skipped; the first other line is
@@ -18,6 +18,7 @@
 #   -x        the x axis label (default "message size"; on the log2 axis
 #             the tics carry the unit: 2 B, 64 B, 4 KiB, 1 MiB)
 #   --linear-x  x on a linear axis with plain numbers (a job size, say)
+#   --count-x   x on the log2 axis with plain numbers (64, 1024, 16384 ranks)
 #   --pairs   the columns go in pairs (ami, then the peer it is measured
 #             against): each pair one colour, the second line dashed
 #
@@ -31,15 +32,16 @@
 # plot never hides the table.
 set -euo pipefail
 
-usage() { sed -n '4,22p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '4,23p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
-title="" xlabel="message size" ylabel="" linear_x=0 pairs=0
+title="" xlabel="message size" ylabel="" linear_x=0 count_x=0 pairs=0
 while (($#)); do
   case $1 in
     -t) title=${2:?-t needs a title}; shift 2 ;;
     -x) xlabel=${2:?-x needs a label}; shift 2 ;;
     -y) ylabel=${2:?-y needs a label}; shift 2 ;;
     --linear-x) linear_x=1; shift ;;
+    --count-x) count_x=1; shift ;;
     --pairs) pairs=1; shift ;;
     -h|--help) usage ;;
     --) shift; break ;;
@@ -90,14 +92,15 @@ gq() { local s=${1//\\/\\\\}; s=${s//\"/\\\"}; printf '"%s"' "$s"; }
 # tic at every other power of two.
 xtics=""
 if ((linear_x == 0)); then
-  xtics=$(awk '$1 != "NaN" { v = log($1) / log(2); if (!seen++ || v < lo) lo = v; if (!hi || v > hi) hi = v }
+  xtics=$(awk -v count="$count_x" '$1 != "NaN" { v = log($1) / log(2); if (!seen++ || v < lo) lo = v; if (!hi || v > hi) hi = v }
     END {
       lo = int(lo); hi = int(hi + 0.999); f = 1
       while ((hi - lo) / f > 12) f *= 2
       for (e = lo; e <= hi; e++) {
         n = 2 ^ e
         if (e % f != 0) { out = out (out == "" ? "" : ", ") sprintf("\"\" %.0f 1", n); continue }
-        if (n >= 1073741824) t = sprintf("%g GiB", n / 1073741824)
+        if (count) t = sprintf("%.0f", n)
+        else if (n >= 1073741824) t = sprintf("%g GiB", n / 1073741824)
         else if (n >= 1048576) t = sprintf("%g MiB", n / 1048576)
         else if (n >= 1024) t = sprintf("%g KiB", n / 1024)
         else t = sprintf("%g B", n)

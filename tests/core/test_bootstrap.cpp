@@ -3,6 +3,10 @@
 // peers, raw Asio sockets speaking the wire format by hand, that break each
 // rule of the handshake and the framing; and what strangers can cost rank 0:
 // floods, silent connections, second claims of a rank, a descriptor limit.
+// Then the tree the tables go down: the table at sizes that are not powers
+// of two, the bytes each rank sends, a parent's checks of its children's
+// hellos (children played by hand), a parent that never answers, a bad
+// parent address, and a rank killed during an allgather.
 // Ranks run off the main thread; only the main thread asserts (a forked rank
 // 0 reports in words through a pipe).
 #include <doctest/doctest.h>
@@ -41,7 +45,9 @@ using ami::bootstrap::kMaxBlobBytes;
 using ami::bootstrap::kMaxPendingConnections;
 using ami::bootstrap::kSpareDescriptors;
 using ami::bootstrap::Options;
+using ami::bootstrap::Table;
 using ami::bootstrap::TcpBootstrap;
+using ami::bootstrap::kTreeFanOut;
 namespace asio = boost::asio;
 using asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
@@ -51,10 +57,10 @@ namespace {
 // The wire format, written out independently of the implementation so that
 // a change to it shows here.
 constexpr std::uint32_t kMagic = 0x42494d41;
-constexpr std::uint32_t kVersion = 3;
+constexpr std::uint32_t kVersion = 4;
 constexpr std::uint32_t kFailureMark = 0xffffffff;
 enum Verdict : std::uint32_t {
-  accepted, bad_magic, bad_version, size_mismatch, rank_out_of_range, duplicate_rank, wrong_key, rank0_failed, busy
+  accepted, bad_magic, bad_version, size_mismatch, rank_out_of_range, duplicate_rank, wrong_key, listener_failed, busy
 };
 const std::string kKey = "test job key";
 
@@ -449,10 +455,10 @@ TEST_CASE("a second claim of a taken rank is refused at once; the first keeps it
   });
   put_words(first.socket, {4});
   asio::write(first.socket, asio::buffer("one!", 4));
-  CHECK(get_words(first.socket, 2) == std::vector<std::uint32_t>{3, 4});
-  std::string blobs(20, '\0');
+  CHECK(get_words(first.socket, 4) == std::vector<std::uint32_t>{3, 4, 4, 4});
+  std::string blobs(12, '\0');
   asio::read(first.socket, asio::buffer(blobs));
-  CHECK(blobs == std::string("zero\x04\0\0\0one!\x04\0\0\0two!", 20));
+  CHECK(blobs == "zeroone!two!");
   CHECK(rank2.get() == "");
   CHECK(root.get() == "");
   const std::string lines = log.all();
@@ -532,7 +538,7 @@ TEST_CASE("a peer that connects and says nothing cannot hold rank 0 past its tim
   CHECK(contains(error, "no hello from peer(s) " + silent.address()));
   // It might have been a rank about to say hello: it is told rank 0 failed
   // (without the reason: it had not shown the key).
-  CHECK(silent.verdict() == rank0_failed);
+  CHECK(silent.verdict() == listener_failed);
   CHECK(get_words(silent.socket, 1) == std::vector<std::uint32_t>{0});
 }
 
@@ -977,4 +983,418 @@ TEST_CASE("rank 0 refuses a job size its descriptor limit cannot serve, before a
   const std::string timeout = root.get();
   CHECK(contains(timeout,
                  "waiting for rank(s) 1, 2, 3, 4, 5, 6, 7, 8 and " + std::to_string(most - 9) + " more to join"));
+}
+
+// ---- the tree the tables go down ----------------------------------------
+
+namespace {
+
+// Within one round every rank's blob has its own size, one of them empty.
+Blob distinct_blob(std::uint32_t rank, std::uint32_t size, int round) {
+  const std::uint32_t turn = (rank + static_cast<std::uint32_t>(round)) % size;
+  return pattern(std::size_t{turn} * 61, rank * 1000 + static_cast<std::uint32_t>(round));
+}
+
+// What one rank of a tree job saw: every round's table (round 0 through
+// allgather_table, the others through allgather), what it sent, or its error.
+struct TreeOutcome {
+  std::vector<std::vector<Blob>> rounds;
+  std::vector<std::uint64_t> sent_in_round;
+  std::uint64_t sent = 0;
+  std::string error;
+};
+
+TreeOutcome run_tree_rank(const Options& o, int rounds, std::size_t blob_bytes) {
+  TreeOutcome out;
+  out.error = error_of([&] {
+    TcpBootstrap boot(o);
+    for (int i = 0; i < rounds; ++i) {
+      const Blob mine = blob_bytes ? pattern(blob_bytes, o.rank) : distinct_blob(o.rank, o.size, i);
+      const std::uint64_t before = boot.bytes_sent();
+      if (i == 0) {
+        const Table table = boot.allgather_table(mine);
+        out.rounds.push_back(table.blobs());
+        if (table.size() != o.size || table[o.rank].size() != mine.size()) out.rounds.back().clear();
+      } else {
+        out.rounds.push_back(boot.allgather(mine));
+      }
+      out.sent_in_round.push_back(boot.bytes_sent() - before);
+    }
+    out.sent = boot.bytes_sent();
+  });
+  return out;
+}
+
+std::vector<TreeOutcome> run_tree_job(std::uint32_t size, int rounds, std::size_t blob_bytes = 0) {
+  const std::uint16_t port = free_port();
+  std::vector<std::future<TreeOutcome>> ranks(size);
+  for (std::uint32_t r = 0; r < size; ++r)
+    ranks[r] = std::async(std::launch::async, run_tree_rank, options(r, size, port, 30000ms), rounds, blob_bytes);
+  std::vector<TreeOutcome> outcomes;
+  for (auto& f : ranks) outcomes.push_back(f.get());
+  return outcomes;
+}
+
+// Where rank 0 tells a rank its parent listens: {host length, host, port}.
+tcp::endpoint read_parent_frame(tcp::socket& s) {
+  const std::uint32_t length = get_words(s, 1)[0];
+  REQUIRE(length < 64);
+  std::string host(length, '\0');
+  asio::read(s, asio::buffer(host));
+  const std::uint32_t port = get_words(s, 1)[0];
+  REQUIRE((port > 0 && port < 65536));
+  return {asio::ip::make_address(host), static_cast<std::uint16_t>(port)};
+}
+
+// A raw connection to a listening rank whose address is known.
+tcp::socket connect_at(asio::io_context& io, const tcp::endpoint& at) {
+  tcp::socket s(io);
+  s.connect(at);
+  return s;
+}
+
+std::string local_address(const tcp::socket& s) {
+  return "127.0.0.1:" + std::to_string(s.local_endpoint().port());
+}
+
+void say_hello(tcp::socket& s, std::uint32_t rank, std::uint32_t size, std::uint32_t magic = kMagic,
+               const std::string& key = kKey) {
+  put_words(s, {magic, kVersion, rank, size, static_cast<std::uint32_t>(key.size())});
+  asio::write(s, asio::buffer(key));
+}
+
+// A forked rank's error, or "" for none, written to a pipe in words.
+std::string read_all(int fd) {
+  std::string text;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(fd, buffer, sizeof buffer)) > 0;) text.append(buffer, static_cast<std::size_t>(n));
+  ::close(fd);
+  return text;
+}
+
+// Waits for a child a bounded time, then kills it; true if it ended by itself.
+bool reap(pid_t pid, std::chrono::seconds limit) {
+  int status = 0;
+  pid_t done = 0;
+  for (const auto give_up = Clock::now() + limit;
+       (done = waitpid(pid, &status, WNOHANG)) == 0 && Clock::now() < give_up;)
+    std::this_thread::sleep_for(5ms);
+  if (done == 0) ::kill(pid, SIGKILL), waitpid(pid, &status, 0);
+  return done == pid;
+}
+
+}  // namespace
+
+TEST_CASE("the table reaches every rank whole at sizes that are not powers of two, blobs of distinct sizes") {
+  constexpr int kRounds = 3;
+  for (std::uint32_t size : {1u, 2u, 3u, 5u, 7u, 16u, 33u}) {
+    CAPTURE(size);
+    const std::vector<TreeOutcome> outcomes = run_tree_job(size, kRounds);
+    for (std::uint32_t r = 0; r < size; ++r) {
+      CAPTURE(r);
+      REQUIRE(outcomes[r].error == "");
+      REQUIRE(outcomes[r].rounds.size() == std::size_t{kRounds});
+      for (int i = 0; i < kRounds; ++i) {
+        REQUIRE(outcomes[r].rounds[i].size() == size);
+        for (std::uint32_t from = 0; from < size; ++from)
+          CHECK(outcomes[r].rounds[i][from] == distinct_blob(from, size, i));
+      }
+    }
+  }
+}
+
+// Each rank sends its blob to rank 0 and the table, N (4 + blob) + 4 bytes,
+// to kTreeFanOut children at most: 2 N (1 KiB + 4) + 1 KiB + 4 per allgather
+// with 1 KiB blobs, about 2.01 N KiB. The handshake adds a hello (under
+// 300 bytes) and, for rank 0, an answer and a parent's address per rank (16
+// and under 32 bytes). So c = 3 bounds every rank with room to spare, while
+// rank 0 answering every rank itself sent (N - 1) tables, 31 N KiB here.
+TEST_CASE("every rank, rank 0 included, sends O(N) bytes: at most 3 N blob bytes in a job of 32") {
+  constexpr std::uint32_t kSize = 32;
+  constexpr std::size_t kBlob = 1024;
+  constexpr std::uint64_t kTable = 4 + kSize * (4 + kBlob);
+  constexpr std::uint64_t kPerAllgather = kTreeFanOut * kTable + 4 + kBlob;
+  constexpr std::uint64_t kBound = 3 * kSize * kBlob;
+  static_assert(kPerAllgather < kBound);
+  const std::vector<TreeOutcome> outcomes = run_tree_job(kSize, 1, kBlob);
+  std::uint64_t total = 0;
+  for (std::uint32_t r = 0; r < kSize; ++r) {
+    CAPTURE(r);
+    const TreeOutcome& o = outcomes[r];
+    REQUIRE(o.error == "");
+    REQUIRE(o.rounds.size() == 1);
+    for (std::uint32_t from = 0; from < kSize; ++from) CHECK(o.rounds[0][from] == pattern(kBlob, from));
+    CHECK(o.sent_in_round[0] <= kPerAllgather);
+    CHECK(o.sent <= kBound);
+    total += o.sent_in_round[0];
+  }
+  // Every rank but 0 received one table and rank 0 every blob: that much was sent.
+  CHECK(total >= (kSize - 1) * kTable + (kSize - 1) * (4 + kBlob));
+}
+
+TEST_CASE("a parent checks its children's hellos as rank 0 does: strangers, wrong keys and second claims") {
+  // Rank 1's children, 3 and 4, are played by hand, so that rank 1 listens
+  // until the test lets it have both.
+  constexpr std::uint32_t kSize = 7;
+  static_assert(kTreeFanOut == 2);
+  const std::uint16_t port = free_port();
+  Log log;
+  std::vector<std::future<TreeOutcome>> ranks(kSize);
+  for (std::uint32_t r : {0u, 1u, 2u, 5u, 6u}) {
+    Options o = options(r, kSize, port, 20000ms);
+    if (r == 1) o.log = log.sink();
+    ranks[r] = std::async(std::launch::async, run_tree_rank, o, 1, 8);
+  }
+  FakePeer three(port), four(port);
+  three.hello(3, kSize);
+  four.hello(4, kSize);
+  REQUIRE(three.verdict() == accepted);
+  REQUIRE(four.verdict() == accepted);
+  // Once every rank has joined, rank 0 says where rank 1 listens.
+  const tcp::endpoint parent = read_parent_frame(three.socket);
+  CHECK(read_parent_frame(four.socket) == parent);
+  CHECK(parent.address().to_string() == "127.0.0.1");
+
+  asio::io_context io;
+  std::string hangup, stranger, wrong, huge, second;
+  {
+    tcp::socket s = connect_at(io, parent);
+    hangup = local_address(s);
+  }
+  {
+    tcp::socket s = connect_at(io, parent);
+    stranger = local_address(s);
+    say_hello(s, 3, kSize, 0x54544847);
+    CHECK(get_words(s, 4)[2] == bad_magic);
+  }
+  {
+    tcp::socket s = connect_at(io, parent);
+    wrong = local_address(s);
+    say_hello(s, 3, kSize, kMagic, "another job's key");
+    CHECK(get_words(s, 4)[2] == wrong_key);
+  }
+  {
+    tcp::socket s = connect_at(io, parent);
+    huge = local_address(s);
+    put_words(s, {kMagic, kVersion, 3, kSize, 1u << 30});  // a key length no key has
+    CHECK(get_words(s, 4)[2] == wrong_key);
+  }
+  tcp::socket link3 = connect_at(io, parent);
+  say_hello(link3, 3, kSize);
+  CHECK(get_words(link3, 4)[2] == accepted);
+  {
+    tcp::socket s = connect_at(io, parent);
+    second = local_address(s);
+    say_hello(s, 3, kSize);
+    CHECK(get_words(s, 4)[2] == duplicate_rank);
+  }
+  tcp::socket link4 = connect_at(io, parent);
+  say_hello(link4, 4, kSize);
+  CHECK(get_words(link4, 4)[2] == accepted);
+
+  // Ranks 3 and 4 take part by hand: a blob to rank 0, the table from rank 1.
+  for (auto [rank, star] : {std::pair{3u, &three}, std::pair{4u, &four}}) {
+    put_words(star->socket, {8});
+    asio::write(star->socket, asio::buffer(pattern(8, rank)));
+  }
+  for (tcp::socket* link : {&link3, &link4}) {
+    CHECK(get_words(*link, 1)[0] == kSize);
+    CHECK(get_words(*link, kSize) == std::vector<std::uint32_t>(kSize, 8));
+    Blob blobs(kSize * 8);
+    asio::read(*link, asio::buffer(blobs));
+    for (std::uint32_t r = 0; r < kSize; ++r)
+      CHECK(Blob(blobs.begin() + r * 8, blobs.begin() + r * 8 + 8) == pattern(8, r));
+  }
+  for (std::uint32_t r : {0u, 1u, 2u, 5u, 6u}) {
+    CAPTURE(r);
+    const TreeOutcome o = ranks[r].get();
+    CHECK(o.error == "");
+    REQUIRE(o.rounds.size() == 1);
+    for (std::uint32_t from = 0; from < kSize; ++from) CHECK(o.rounds[0][from] == pattern(8, from));
+  }
+  const std::string lines = log.all();
+  CHECK(contains(lines, "bootstrap: rank 1: refused peer " + hangup + ": closed the connection before its hello"));
+  CHECK(contains(lines, "bootstrap: rank 1: refused peer " + stranger + ": bad magic 0x54544847"));
+  CHECK(contains(lines, "bootstrap: rank 1: refused peer " + wrong + ": wrong job key"));
+  CHECK(contains(lines, "refused peer " + huge + ": a job key of 1073741824 bytes exceeds the limit of 256"));
+  CHECK(contains(lines, "bootstrap: rank 1: refused a second claim of rank 3: peer " + second +
+                            " claims it, already taken by rank 3 at " + local_address(link3)));
+}
+
+TEST_CASE("a rank whose parent does not come times out naming its parent and what it waited for") {
+  // Rank 1 (parent of 3 and 4) is played by hand: it joins rank 0 and says a
+  // port, then never answers its children.
+  constexpr std::uint32_t kSize = 5;
+  const std::uint16_t port = free_port();
+  asio::io_context io;
+  tcp::acceptor dead_end(io, {asio::ip::make_address("127.0.0.1"), 0});  // accepts, never answers
+  std::vector<std::future<TreeOutcome>> ranks(kSize);
+  for (std::uint32_t r : {0u, 2u, 3u, 4u})
+    ranks[r] = std::async(std::launch::async, run_tree_rank, options(r, kSize, port, 1500ms), 1, 8);
+  FakePeer one(port);
+  put_words(one.socket, {kMagic, kVersion, 1, kSize, static_cast<std::uint32_t>(kKey.size())});
+  asio::write(one.socket, asio::buffer(kKey));
+  put_words(one.socket, {dead_end.local_endpoint().port()});
+  CHECK(one.verdict() == accepted);
+  for (std::uint32_t r : {3u, 4u}) {
+    CAPTURE(r);
+    const std::string error = ranks[r].get().error;
+    CHECK(contains(error, "bootstrap: rank " + std::to_string(r) + ": "));
+    CHECK(contains(error, "rank 1 at 127.0.0.1:" + std::to_string(dead_end.local_endpoint().port())));
+    CHECK(contains(error, "waiting for the answer to its hello"));
+  }
+  CHECK(ranks[0].get().error != "");  // it waited for ranks 1, 3 and 4
+  (void)ranks[2].get();
+}
+
+namespace {
+
+// A job of processes, rank 0 in this one, in which rank kVictim is killed:
+// before its blob (`after_rounds` 0) or once it has done that many
+// allgathers. Returns every other rank's error (rank 0's first) and whether
+// each ended by itself well before its timeout.
+struct KilledJob {
+  std::vector<std::string> errors;
+  bool all_ended = true;
+};
+
+constexpr std::uint32_t kVictim = 1;  // a parent: ranks 3 and 4 read the table from it
+
+KilledJob kill_mid_allgather(std::uint32_t size, int after_rounds) {
+  const std::uint16_t port = free_port();
+  const auto timeout = 20000ms;
+  std::vector<pid_t> pids(size, 0);
+  std::vector<int> reports(size, -1);
+  for (std::uint32_t r = 1; r < size; ++r) {
+    int report[2];
+    REQUIRE(::pipe(report) == 0);
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {  // never back into doctest
+      ::close(report[0]);
+      const std::string error = error_of([&] {
+        TcpBootstrap boot(options(r, size, port, timeout));
+        for (int i = 0; i < after_rounds; ++i) (void)boot.allgather(pattern(100, r));
+        if (r == kVictim) {
+          ::raise(SIGSTOP);  // the test kills it here, its sockets still open
+          ::pause();
+        }
+        for (int i = 0; i < 3; ++i) boot.barrier();
+      });
+      (void)!::write(report[1], error.data(), error.size());
+      _exit(0);
+    }
+    ::close(report[1]);
+    pids[r] = pid;
+    reports[r] = report[0];
+  }
+  KilledJob job;
+  const auto start = Clock::now();
+  job.errors.push_back(error_of([&] {
+    TcpBootstrap boot(options(0, size, port, timeout));
+    for (int i = 0; i < after_rounds; ++i) (void)boot.allgather(pattern(100, 0));
+    // The victim stops itself where the others wait for it; then it dies.
+    int status = 0;
+    REQUIRE(waitpid(pids[kVictim], &status, WUNTRACED) == pids[kVictim]);
+    CHECK(WIFSTOPPED(status));
+    std::this_thread::sleep_for(200ms);  // the others are in the exchange by now
+    ::kill(pids[kVictim], SIGKILL);
+    for (int i = 0; i < 3; ++i) boot.barrier();
+  }));
+  for (std::uint32_t r = 1; r < size; ++r) {
+    const bool ended = reap(pids[r], 15s);
+    if (r == kVictim) {
+      ::close(reports[r]);
+      continue;
+    }
+    job.all_ended = job.all_ended && ended;
+    job.errors.push_back(read_all(reports[r]));
+  }
+  job.all_ended = job.all_ended && Clock::now() - start < timeout / 2;
+  return job;
+}
+
+}  // namespace
+
+TEST_CASE("a rank killed during an allgather fails every other rank at once, naming it") {
+  // Killed before it sends its blob: rank 0's gather sees it go, and its
+  // notice reaches every rank, those below the victim in the tree included.
+  // Killed after an allgather: its children see the link close, rank 0 the star.
+  for (int after_rounds : {0, 1}) {
+    CAPTURE(after_rounds);
+    const KilledJob job = kill_mid_allgather(7, after_rounds);
+    CHECK(job.all_ended);
+    REQUIRE(job.errors.size() == 6);
+    for (std::size_t i = 0; i < job.errors.size(); ++i) {
+      const std::uint32_t rank = i == 0 ? 0 : static_cast<std::uint32_t>(i) + 1;
+      CAPTURE(rank);
+      CAPTURE(job.errors[i]);
+      CHECK(contains(job.errors[i], "bootstrap: rank " + std::to_string(rank) + ": "));
+      CHECK(contains(job.errors[i], "rank 1 at 127.0.0.1:"));
+      CHECK(contains(job.errors[i], "peer closed the connection"));
+    }
+  }
+}
+
+TEST_CASE("a rank names rank 0 behind a bad parent address, or rank 0's failure in its place") {
+  // Rank 3 of 4: its parent is rank 1, so rank 0 owes it where rank 1 listens.
+  asio::io_context io;
+  tcp::acceptor acceptor(io, {asio::ip::make_address("127.0.0.1"), 0});
+  const std::uint16_t port = acceptor.local_endpoint().port();
+  const std::string root = "rank 0 at 127.0.0.1:" + std::to_string(port);
+  auto other = in_thread([&] { TcpBootstrap boot(options(3, 4, port, 2000ms)); });
+  tcp::socket s = acceptor.accept();
+  CHECK(get_words(s, 5) == std::vector<std::uint32_t>{kMagic, kVersion, 3, 4, std::uint32_t(kKey.size())});
+  std::string key(kKey.size(), '\0');
+  asio::read(s, asio::buffer(key));
+  put_words(s, {kMagic, kVersion, accepted, 4});
+  const std::string step = "(" + root + ", waiting to learn where its parent listens)";
+
+  SUBCASE("an oversize host") {
+    put_words(s, {1000});
+    CHECK(contains(other.get(), "malformed parent address: a host of 1000 bytes exceeds the limit of 255 " + step));
+  }
+  SUBCASE("no address") {
+    put_words(s, {9});
+    asio::write(s, asio::buffer("localhost", 9));
+    put_words(s, {7000});
+    CHECK(contains(other.get(), "malformed parent address: 'localhost' port 7000 " + step));
+  }
+  SUBCASE("port 0") {
+    put_words(s, {9});
+    asio::write(s, asio::buffer("127.0.0.1", 9));
+    put_words(s, {0});
+    CHECK(contains(other.get(), "malformed parent address: '127.0.0.1' port 0 " + step));
+  }
+  SUBCASE("rank 0's failure") {
+    put_words(s, {kFailureMark, 4});
+    asio::write(s, asio::buffer("gone", 4));
+    s.close();
+    CHECK(contains(other.get(), "bootstrap: rank 3: rank 0 failed: gone " + step));
+  }
+  SUBCASE("a silence") {
+    CHECK(contains(other.get(), "timed out after 2000 ms " + step));
+  }
+}
+
+TEST_CASE("ranks with addresses of their own connect and listen there") {
+  constexpr std::uint32_t kSize = 7;
+  const std::uint16_t port = free_port();
+  std::vector<std::future<TreeOutcome>> ranks(kSize);
+  for (std::uint32_t r = 0; r < kSize; ++r) {
+    Options o = options(r, kSize, port, 20000ms);
+    if (r != 0) o.local_host = "127.0.0." + std::to_string(2 + r % 3);
+    ranks[r] = std::async(std::launch::async, run_tree_rank, o, 2, 0);
+  }
+  for (std::uint32_t r = 0; r < kSize; ++r) {
+    CAPTURE(r);
+    const TreeOutcome o = ranks[r].get();
+    REQUIRE(o.error == "");
+    for (int i = 0; i < 2; ++i)
+      for (std::uint32_t from = 0; from < kSize; ++from) CHECK(o.rounds[i][from] == distinct_blob(from, kSize, i));
+  }
+  Options bad = options(1, 2, port);
+  bad.local_host = "not an address";
+  CHECK(contains(error_of([&] { TcpBootstrap b(bad); }), "bootstrap: rank 1: cannot use 'not an address' as this "
+                                                         "rank's address"));
 }

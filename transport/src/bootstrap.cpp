@@ -1,12 +1,13 @@
 // bootstrap.cpp — the TCP bootstrap on Boost.Asio: the public TcpBootstrap,
 // what every rank does to run and fail its operations, the connecting side
-// of the ranks other than 0, and the allgather on both sides. Rank 0's
-// listening is in bootstrap_listener.cpp.
+// (a rank to rank 0, a child to its parent), and rank 0's gather. Listening
+// is in bootstrap_listener.cpp, the tree and the table's way down it in
+// bootstrap_tree.cpp.
 //
 // Every socket operation is asynchronous and runs on the bootstrap's own
 // io_context under a deadline, so no peer, silent or absent, can hold a rank
 // past its timeout; on any failure every socket is closed before the error
-// is thrown, rank 0 first telling the ranks connected to it why.
+// is thrown, the rank first telling the ranks that joined it why.
 #include "bootstrap.hpp"
 
 #include <algorithm>
@@ -25,12 +26,6 @@ using namespace wire;
 namespace {
 
 constexpr auto kRetryInterval = std::chrono::milliseconds(50);
-
-std::string printable(std::string text) {
-  for (char& c : text)
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
-  return text;
-}
 
 }  // namespace
 
@@ -77,12 +72,12 @@ void TcpBootstrap::Impl::run(Clock::time_point deadline, const std::function<boo
   if (failure) abort();
 }
 
-// Rank 0 first tells its ranks why; then every socket is closed, the
-// cancelled handlers finish (they hold references into the callers'
-// frames), and the recorded failure is thrown.
+// The rank first tells the ranks that joined it why; then every socket is
+// closed, the cancelled handlers finish (they hold references into the
+// callers' frames), and the recorded failure is thrown.
 void TcpBootstrap::Impl::abort() {
   const std::string message = failure.value_or(prefix() + "failed");
-  if (options.rank == 0) tell_failure(message);
+  tell_failure(message);
   close_everything();
   drain();
   pending.clear();
@@ -98,6 +93,8 @@ void TcpBootstrap::Impl::close_everything() {
   if (hello_timer) hello_timer->cancel();
   if (accept_timer) accept_timer->cancel();
   for (auto& [rank, m] : members) m.socket.close(ignored);
+  if (parent) parent->socket.close(ignored);
+  for (auto& [rank, m] : children) m.socket.close(ignored);
   for (const JoinerPtr& j : pending) j->socket.close(ignored);
 }
 
@@ -119,7 +116,7 @@ std::string TcpBootstrap::Impl::ranks_missing(const std::vector<bool>& have, con
 }
 
 // Reads every peer's frame at once: {length, bytes}.
-std::vector<Blob> TcpBootstrap::Impl::gather(std::span<const std::byte> mine, Clock::time_point deadline) {
+Table TcpBootstrap::Impl::gather(std::span<const std::byte> mine, Clock::time_point deadline) {
   const std::uint32_t size = options.size;
   std::vector<Blob> all(size);
   all[0].assign(mine.begin(), mine.end());
@@ -146,61 +143,44 @@ std::vector<Blob> TcpBootstrap::Impl::gather(std::span<const std::byte> mine, Cl
     });
   }
   run(deadline, [&] { return missing == 0; }, [&] { return ranks_missing(have, step); });
-  scatter(all, deadline);
-  return all;
-}
-
-// Sends every peer the whole table at once: {count, then count x {length, bytes}}.
-void TcpBootstrap::Impl::scatter(const std::vector<Blob>& all, Clock::time_point deadline) {
-  Blob table;
-  append_u32(table, static_cast<std::uint32_t>(all.size()));
-  for (const Blob& b : all) {
-    append_u32(table, static_cast<std::uint32_t>(b.size()));
-    table.insert(table.end(), b.begin(), b.end());
-  }
-  std::vector<bool> sent(options.size, false);
-  std::uint32_t pending_writes = options.size - 1;
-  const std::string step = "receiving the blob table";
-  for (auto& [rank, member] : members) {
-    const std::uint32_t r = rank;
-    Member& m = member;
-    m.sending = true;
-    asio::async_write(m.socket, asio::buffer(table), [&, r](const error_code& ec, std::size_t) {
-      m.sending = false;
-      if (completed(ec, m.name, step)) sent[r] = true, --pending_writes;
-    });
-  }
-  run(deadline, [&] { return pending_writes == 0; }, [&] { return ranks_missing(sent, step); });
+  return pack(all);
 }
 
 // ---- the other ranks ----------------------------------------------------
 
-// Connects to rank 0 and says hello, again and again until the deadline
-// while rank 0 is not there yet (refused) or answers busy (it dropped the
-// connection under load).
+// Connects to rank 0 and says hello; then makes this rank's links in the tree.
 void TcpBootstrap::Impl::connect(Clock::time_point deadline) {
-  members.emplace(0, Member{tcp::socket(io), "rank 0 at " + where});
+  members.emplace(0, Member{tcp::socket(io), 0, "rank 0 at " + options.host + ":" + std::to_string(options.port)});
   tcp::resolver resolver(io);
   error_code ec;
   const auto endpoints =
       resolver.resolve(options.host, std::to_string(options.port), tcp::resolver::numeric_service, ec);
   if (ec) throw Error(prefix() + "cannot resolve the address of " + root().name + ": " + ec.message());
+  join(root(), {endpoints.begin(), endpoints.end()}, deadline);
+  join_tree(deadline);
+}
+
+// Connects to a listening rank and says hello, again and again until the
+// deadline while it is not there yet (refused) or answers busy (it dropped
+// the connection under load).
+void TcpBootstrap::Impl::join(Member& peer, const std::vector<tcp::endpoint>& endpoints,
+                              Clock::time_point deadline) {
   std::string last;  // why the last attempt did not join
-  while (!join_once(endpoints, deadline, last)) {
+  while (!join_once(peer, endpoints, deadline, last)) {
     error_code ignored;
-    root().socket.close(ignored);
+    peer.socket.close(ignored);
     std::this_thread::sleep_for(std::min<Clock::duration>(kRetryInterval, deadline - Clock::now()));
   }
 }
 
 // One attempt; false, with why in `last`, when it is worth another. The
 // connect itself is bounded too, for a host that drops SYNs.
-bool TcpBootstrap::Impl::join_once(const tcp::resolver::results_type& endpoints, Clock::time_point deadline,
-                                   std::string& last) {
+bool TcpBootstrap::Impl::join_once(Member& peer, const std::vector<tcp::endpoint>& endpoints,
+                                   Clock::time_point deadline, std::string& last) {
   std::optional<error_code> result;
-  asio::async_connect(root().socket, endpoints, [&](const error_code& e, const tcp::endpoint&) { result = e; });
+  start_connect(peer, endpoints, result);
   run(deadline, [&] { return result.has_value(); }, [&] {
-    return "connecting to " + root().name + ", retrying every " + std::to_string(kRetryInterval.count()) + " ms" +
+    return "connecting to " + peer.name + ", retrying every " + std::to_string(kRetryInterval.count()) + " ms" +
            (last.empty() ? "" : "; last error: " + last);
   });
   if (*result) {
@@ -208,23 +188,51 @@ bool TcpBootstrap::Impl::join_once(const tcp::resolver::results_type& endpoints,
     return false;
   }
   error_code ignored;
-  root().socket.set_option(tcp::no_delay(true), ignored);
-  return greet(deadline, last);
+  peer.socket.set_option(tcp::no_delay(true), ignored);
+  if (peer.rank == 0 && has_children(options.rank, options.size) && !acceptor) open_children_acceptor();
+  return greet(peer, deadline, last);
 }
 
-bool TcpBootstrap::Impl::greet(Clock::time_point deadline, std::string& last) {
+// From the rank's own address, if it has one, to the first of the peer's
+// endpoints in that address's family; otherwise to each in turn.
+void TcpBootstrap::Impl::start_connect(Member& peer, const std::vector<tcp::endpoint>& endpoints,
+                                       std::optional<error_code>& result) {
+  if (!local) {
+    asio::async_connect(peer.socket, endpoints, [&](const error_code& e, const tcp::endpoint&) { result = e; });
+    return;
+  }
+  const std::string step = "connecting from " + local->to_string();
+  const auto to =
+      std::ranges::find_if(endpoints, [&](const tcp::endpoint& e) { return e.address().is_v4() == local->is_v4(); });
+  if (to == endpoints.end()) fail_now("no address of the peer in the family of this rank's own", peer.name, step);
+  error_code ec;
+  peer.socket.open(to->protocol(), ec);
+  if (!ec) peer.socket.bind({*local, 0}, ec);
+  if (ec) fail_now("cannot bind to this rank's address: " + ec.message(), peer.name, step);
+  peer.socket.async_connect(*to, [&](const error_code& e) { result = e; });
+}
+
+// To rank 0, a rank with children says where they will find it: the port
+// after the key.
+bool TcpBootstrap::Impl::greet(Member& peer, Clock::time_point deadline, std::string& last) {
   HelloFrame frame = encode({kMagic, kVersion, options.rank, options.size});
-  Word key_length;
+  Word key_length, port;
   put_u32(key_length.data(), static_cast<std::uint32_t>(options.key.size()));
-  const std::array<asio::const_buffer, 3> hello{asio::buffer(frame), asio::buffer(key_length),
-                                                asio::buffer(options.key)};
+  put_u32(port.data(), bound_port);
+  const bool with_port = peer.rank == 0 && has_children(options.rank, options.size);
+  const std::array<asio::const_buffer, 4> hello{asio::buffer(frame), asio::buffer(key_length),
+                                                asio::buffer(options.key), asio::buffer(port, with_port ? 4 : 0)};
   const std::string step = "waiting for the answer to its hello";
-  // A hello cut short by rank 0 closing may fail to send; rank 0 may have
+  // A hello cut short by the listener closing may fail to send; it may have
   // said why first, so the answer is read all the same.
-  const error_code sent =
-      wait_one(deadline, "sending its hello", [&](auto done) { asio::async_write(root().socket, hello, done); });
-  if (sent && !is_closed(sent)) fail_now(sent.message(), root().name, "sending its hello");
-  read_exact(asio::buffer(frame), deadline, step);
+  const error_code sent = wait_one(peer, deadline, "sending its hello", [&](auto done) {
+    asio::async_write(peer.socket, hello, [this, done](const error_code& ec, std::size_t n) {
+      bytes_sent += n;
+      done(ec, n);
+    });
+  });
+  if (sent && !is_closed(sent)) fail_now(sent.message(), peer.name, "sending its hello");
+  read_exact(peer, asio::buffer(frame), deadline, step);
   const Hello answer = decode(frame);
   const bool busy = answer.magic == kMagic && answer.version == kVersion &&
                     answer.word == static_cast<std::uint32_t>(Verdict::busy);
@@ -232,94 +240,85 @@ bool TcpBootstrap::Impl::greet(Clock::time_point deadline, std::string& last) {
     last = to_text(Verdict::busy) + " (busy)";
     return false;
   }
-  check_answer(frame, deadline, step);
+  check_answer(peer, frame, deadline, step);
   return true;
 }
 
-void TcpBootstrap::Impl::check_answer(const HelloFrame& frame, Clock::time_point deadline, const std::string& step) {
+void TcpBootstrap::Impl::check_answer(Member& peer, const HelloFrame& frame, Clock::time_point deadline,
+                                      const std::string& step) {
   const Hello answer = decode(frame);
+  const std::string listener = "rank " + std::to_string(peer.rank);
   if (answer.magic != kMagic || answer.version != kVersion)
     fail_now("bad magic or version in the answer: " + hex(answer.magic) + " version " + std::to_string(answer.version),
-             root().name, step);
+             peer.name, step);
   const auto verdict = static_cast<Verdict>(answer.word);
-  if (verdict == Verdict::rank0_failed) {
-    const std::string reason = read_reason(deadline, step);
-    fail_now("rank 0 failed before it answered this rank's hello" + (reason.empty() ? "" : ": " + reason),
-             root().name, step);
+  if (verdict == Verdict::listener_failed) {
+    const std::string reason = read_reason(peer, deadline, step);
+    fail_now(listener + " failed before it answered this rank's hello" + (reason.empty() ? "" : ": " + reason),
+             peer.name, step);
   }
   if (verdict != Verdict::accepted)
-    fail_now("refused by rank 0: " + to_text(verdict) + " (this rank says rank " + std::to_string(options.rank) +
-                 " of " + std::to_string(options.size) + ")",
-             root().name, step);
+    fail_now("refused by " + listener + ": " + to_text(verdict) + " (this rank says rank " +
+                 std::to_string(options.rank) + " of " + std::to_string(options.size) + ")",
+             peer.name, step);
   if (answer.size != options.size)
-    fail_now("size mismatch: rank 0 says the job has " + std::to_string(answer.size) + " ranks, this rank says " +
-                 std::to_string(options.size),
-             root().name, step);
+    fail_now("size mismatch: " + listener + " says the job has " + std::to_string(answer.size) +
+                 " ranks, this rank says " + std::to_string(options.size),
+             peer.name, step);
 }
 
-std::string TcpBootstrap::Impl::read_reason(Clock::time_point deadline, const std::string& step) {
-  const std::uint32_t length = read_length(kMaxReasonBytes, "malformed failure notice: a reason of", deadline, step);
+std::string TcpBootstrap::Impl::read_reason(Member& peer, Clock::time_point deadline, const std::string& step) {
+  const std::uint32_t length =
+      read_length(peer, kMaxReasonBytes, "malformed failure notice: a reason of", deadline, step);
   std::string reason(length, '\0');
-  if (length != 0) read_exact(asio::buffer(reason), deadline, step);
+  if (length != 0) read_exact(peer, asio::buffer(reason), deadline, step);
   return printable(std::move(reason));
 }
 
-// A length word from rank 0, refused above `limit`; `what` names the frame
+// The peer sent a failure notice where a frame was due: its reason follows.
+void TcpBootstrap::Impl::sender_failed(Member& peer, Clock::time_point deadline, const std::string& step) {
+  const std::string reason = read_reason(peer, deadline, step);
+  fail_now("rank " + std::to_string(peer.rank) + " failed: " + reason, peer.name, step);
+}
+
+// A length word from the peer, refused above `limit`; `what` names the frame
 // and the field in the error ("malformed table: a blob length of").
-std::uint32_t TcpBootstrap::Impl::read_length(std::size_t limit, const std::string& what, Clock::time_point deadline,
-                                              const std::string& step) {
-  Word word;
-  read_exact(asio::buffer(word), deadline, step);
-  const std::uint32_t length = get_u32(word.data());
+std::uint32_t TcpBootstrap::Impl::read_length(Member& peer, std::size_t limit, const std::string& what,
+                                              Clock::time_point deadline, const std::string& step) {
+  const std::uint32_t length = read_word(peer, deadline, step);
   if (length > limit)
-    fail_now(what + " " + std::to_string(length) + " bytes exceeds the limit of " + std::to_string(limit),
-             root().name, step);
+    fail_now(what + " " + std::to_string(length) + " bytes exceeds the limit of " + std::to_string(limit), peer.name,
+             step);
   return length;
 }
 
-// One operation on the socket to rank 0, bounded by the deadline; its error,
-// if any, is the caller's to judge.
-template <typename Start>
-error_code TcpBootstrap::Impl::wait_one(Clock::time_point deadline, const std::string& step, Start start) {
-  std::optional<error_code> result;
-  start([&result](const error_code& ec, std::size_t) { result = ec; });
-  run(deadline, [&] { return result.has_value(); }, [&] { return root().name + ", " + step; });
-  return *result;
+std::uint32_t TcpBootstrap::Impl::read_word(Member& peer, Clock::time_point deadline, const std::string& step) {
+  Word word;
+  read_exact(peer, asio::buffer(word), deadline, step);
+  return get_u32(word.data());
 }
 
-void TcpBootstrap::Impl::read_exact(asio::mutable_buffer buffer, Clock::time_point deadline, const std::string& step) {
-  const error_code ec = wait_one(deadline, step, [&](auto done) { asio::async_read(root().socket, buffer, done); });
-  if (ec) fail_now(is_closed(ec) ? "peer closed the connection" : ec.message(), root().name, step);
+void TcpBootstrap::Impl::read_exact(Member& peer, asio::mutable_buffer buffer, Clock::time_point deadline,
+                                    const std::string& step) {
+  const error_code ec =
+      wait_one(peer, deadline, step, [&](auto done) { asio::async_read(peer.socket, buffer, done); });
+  if (ec) fail_now(is_closed(ec) ? "peer closed the connection" : ec.message(), peer.name, step);
 }
 
 // A connection rank 0 has closed is not reported here: rank 0 may have said
-// why before it closed, and reading the answer tells that.
+// why before it closed, and reading the table tells that.
 void TcpBootstrap::Impl::send_blob(std::span<const std::byte> mine, Clock::time_point deadline) {
   Word word;
   put_u32(word.data(), static_cast<std::uint32_t>(mine.size()));
   const std::array<asio::const_buffer, 2> frame{asio::buffer(word), asio::buffer(mine.data(), mine.size())};
   const std::string step = "sending this rank's blob";
-  const error_code ec =
-      wait_one(deadline, step, [&](auto done) { asio::async_write(root().socket, frame, done); });
+  const error_code ec = wait_one(root(), deadline, step, [&](auto done) {
+    asio::async_write(root().socket, frame, [this, done](const error_code& e, std::size_t n) {
+      bytes_sent += n;
+      done(e, n);
+    });
+  });
   if (ec && !is_closed(ec)) fail_now(ec.message(), root().name, step);
-}
-
-std::vector<Blob> TcpBootstrap::Impl::exchange(std::span<const std::byte> mine, Clock::time_point deadline) {
-  send_blob(mine, deadline);
-  const std::string step = "reading the blob table";
-  Word word;
-  read_exact(asio::buffer(word), deadline, step);
-  const std::uint32_t count = get_u32(word.data());
-  if (count == kFailureMark) fail_now("rank 0 failed: " + read_reason(deadline, step), root().name, step);
-  if (count != options.size)
-    fail_now("malformed table: " + std::to_string(count) + " entries for a job of " + std::to_string(options.size),
-             root().name, step);
-  std::vector<Blob> all(count);
-  for (Blob& b : all) {
-    b.resize(read_length(kMaxBlobBytes, "malformed table: a blob length of", deadline, step));
-    if (!b.empty()) read_exact(asio::buffer(b), deadline, step);
-  }
-  return all;
 }
 
 // ---- the public face ----------------------------------------------------
@@ -336,6 +335,11 @@ TcpBootstrap::TcpBootstrap(const Options& options) : impl_(std::make_unique<Impl
   if (options.rank != 0 && (options.host.empty() || options.port == 0))
     throw Error(m.prefix() + "no address to reach rank 0 at (host '" + options.host + "', port " +
                 std::to_string(options.port) + ")");
+  if (options.rank != 0 && !options.local_host.empty()) {
+    error_code ec;
+    m.local = asio::ip::make_address(options.local_host, ec);
+    if (ec) throw Error(m.prefix() + "cannot use '" + options.local_host + "' as this rank's address: " + ec.message());
+  }
   const Clock::time_point deadline = Clock::now() + options.timeout;
   if (options.rank == 0) m.listen(deadline);
   else m.connect(deadline);
@@ -345,20 +349,30 @@ TcpBootstrap::~TcpBootstrap() = default;  // the sockets' destructors close them
 
 std::uint32_t TcpBootstrap::rank() const { return impl_->options.rank; }
 std::uint32_t TcpBootstrap::size() const { return impl_->options.size; }
-std::uint16_t TcpBootstrap::port() const { return impl_->bound_port ? impl_->bound_port : impl_->options.port; }
+std::uint16_t TcpBootstrap::port() const {
+  return impl_->options.rank == 0 && impl_->bound_port ? impl_->bound_port : impl_->options.port;
+}
 
-std::vector<Blob> TcpBootstrap::allgather(std::span<const std::byte> mine) {
+std::vector<Blob> TcpBootstrap::allgather(std::span<const std::byte> mine) { return allgather_table(mine).blobs(); }
+
+// Rank 0 gathers; every rank then forwards the table to its children.
+Table TcpBootstrap::allgather_table(std::span<const std::byte> mine) {
   Impl& m = *impl_;
   if (mine.size() > kMaxBlobBytes)
     throw Error(m.prefix() + "a blob of " + std::to_string(mine.size()) + " bytes exceeds the limit of " +
                 std::to_string(kMaxBlobBytes));
-  if (m.options.size == 1) return {Blob(mine.begin(), mine.end())};
+  if (m.options.size == 1) return Impl::pack({Blob(mine.begin(), mine.end())});
   if (m.broken) throw Error(m.prefix() + "unusable after an earlier failure, its sockets are closed");
   const Clock::time_point deadline = Clock::now() + m.options.timeout;
-  return m.options.rank == 0 ? m.gather(mine, deadline) : m.exchange(mine, deadline);
+  if (m.options.rank != 0) m.send_blob(mine, deadline);
+  Table table = m.options.rank == 0 ? m.gather(mine, deadline) : m.receive_table(mine, deadline);
+  m.forward(table, deadline);
+  return table;
 }
 
 void TcpBootstrap::barrier() { (void)allgather({}); }
+
+std::uint64_t TcpBootstrap::bytes_sent() const { return impl_->bytes_sent; }
 
 std::vector<int> TcpBootstrap::sockets() const {
   std::vector<int> fds;

@@ -1,8 +1,11 @@
-// bootstrap_listener.cpp — rank 0's listening side of the TCP bootstrap:
-// accepting connections, the ones still owing their hello and their
+// bootstrap_listener.cpp — the listening side of the TCP bootstrap, rank 0's
+// for the job and a parent's for its children in the tree, one code for
+// both: accepting connections, the ones still owing their hello and their
 // deadlines, surviving accept()'s shortage of descriptors or memory, checking
 // hellos and claims, logging refusals without letting a flood write a book,
-// and the failure notice rank 0 leaves its ranks and joiners when it fails.
+// and the failure notice a listening rank leaves the ranks that joined it and
+// its joiners when it fails. What differs is only which ranks may join: rank
+// 0 takes ranks 1..N-1, a parent its children.
 //
 // It is built for strangers too: what one connection that never says hello
 // can cost (a descriptor, a Joiner, a log line) is bounded per connection and
@@ -29,7 +32,7 @@ constexpr std::size_t kLoggedOneByOne = 5;  // refusals logged a line each befor
 constexpr auto kSummaryInterval = std::chrono::seconds(1);
 constexpr std::size_t kMaxDiscardBytes = 1 << 20;  // read and dropped before a last close, at most
 
-// {length, reason}, the tail of both ways rank 0 says it failed.
+// {length, reason}, the tail of both ways a listening rank says it failed.
 void append_reason(Blob& b, std::string_view reason) {
   reason = reason.substr(0, kMaxReasonBytes);
   append_u32(b, static_cast<std::uint32_t>(reason.size()));
@@ -37,7 +40,7 @@ void append_reason(Blob& b, std::string_view reason) {
 }
 
 Blob failure_answer(std::uint32_t size) {
-  const HelloFrame head = answer_frame(Verdict::rank0_failed, size);
+  const HelloFrame head = answer_frame(Verdict::listener_failed, size);
   Blob b(head.begin(), head.end());
   append_reason(b, "");  // its hello was not checked: it may be no member of the job
   return b;
@@ -50,11 +53,6 @@ Blob failure_notice(std::string_view reason) {
   return b;
 }
 
-std::string endpoint_text(const tcp::endpoint& e) {
-  const auto a = e.address();
-  return (a.is_v6() ? "[" + a.to_string() + "]" : a.to_string()) + ":" + std::to_string(e.port());
-}
-
 // Compares the whole of both keys whatever the first difference, so the time
 // taken says nothing about how much of a guess was right.
 bool same_key(std::span<const std::byte> a, std::string_view b) {
@@ -64,28 +62,33 @@ bool same_key(std::span<const std::byte> a, std::string_view b) {
   return difference == 0;
 }
 
-// accept() failing for want of a descriptor or of memory is rank 0's own
-// shortage, not a fault of the job: it frees one and goes on.
+// accept() failing for want of a descriptor or of memory is the listener's
+// own shortage, not a fault of the job: it frees one and goes on.
 bool is_shortage(const error_code& ec) {
   namespace errc = boost::system::errc;
   return ec == errc::too_many_files_open || ec == errc::too_many_files_open_in_system ||
          ec == errc::no_buffer_space || ec == errc::not_enough_memory;
 }
 
+}  // namespace
+
+// ---- writing without waiting ---------------------------------------------
+
 // Writes a short frame without waiting: on a connection that has been sent
 // little or nothing it always fits in the socket's buffer. False if it did
 // not go whole.
-bool send_now(tcp::socket& s, std::span<const std::byte> bytes) {
+bool TcpBootstrap::Impl::send_now(tcp::socket& s, std::span<const std::byte> bytes) {
   if (!s.is_open()) return false;
   const ssize_t n = ::send(s.native_handle(), bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  if (n > 0) bytes_sent += static_cast<std::uint64_t>(n);
   return n == static_cast<ssize_t>(bytes.size());
 }
 
-// Rank 0's last word on a connection it is about to close: the frame, its
-// end of the stream, and what the peer had sent read and dropped, so that
-// the close sends a FIN behind the frame and not a reset, which could
-// discard the frame on its way.
-void last_word(tcp::socket& s, std::span<const std::byte> bytes) {
+// The last word on a connection about to close: the frame, its end of the
+// stream, and what the peer had sent read and dropped, so that the close
+// sends a FIN behind the frame and not a reset, which could discard the
+// frame on its way.
+void TcpBootstrap::Impl::last_word(tcp::socket& s, std::span<const std::byte> bytes) {
   if (!send_now(s, bytes)) return;
   const int fd = s.native_handle();
   ::shutdown(fd, SHUT_WR);
@@ -96,8 +99,6 @@ void last_word(tcp::socket& s, std::span<const std::byte> bytes) {
     total += static_cast<std::size_t>(n);
   }
 }
-
-}  // namespace
 
 // ---- the refusal logs ---------------------------------------------------
 
@@ -137,6 +138,16 @@ void TcpBootstrap::Impl::check_descriptor_limit() const {
               ": raise it with ulimit -n " + std::to_string(needed) + hard + ", or run a smaller job");
 }
 
+// The ranks that may join this one: rank 0 takes every other, a parent its
+// children.
+std::uint32_t TcpBootstrap::Impl::first_expected() const {
+  return options.rank == 0 ? 1 : static_cast<std::uint32_t>(first_child(options.rank));
+}
+
+std::uint32_t TcpBootstrap::Impl::end_expected() const {
+  return options.rank == 0 ? options.size : static_cast<std::uint32_t>(end_of_children(options.rank, options.size));
+}
+
 tcp::endpoint TcpBootstrap::Impl::bind_endpoint() {
   if (options.host.empty()) return {tcp::v4(), options.port};
   error_code ec;
@@ -149,8 +160,7 @@ tcp::endpoint TcpBootstrap::Impl::bind_endpoint() {
   return results.begin()->endpoint();
 }
 
-void TcpBootstrap::Impl::open_acceptor() {
-  const tcp::endpoint local = bind_endpoint();
+void TcpBootstrap::Impl::open_acceptor(const tcp::endpoint& local) {
   error_code ec;
   acceptor.emplace(io);
   acceptor->open(local.protocol(), ec);
@@ -163,15 +173,24 @@ void TcpBootstrap::Impl::open_acceptor() {
   where = endpoint_text(bound);
 }
 
+// Rank 0: the job forms, and then every rank whose parent is not rank 0
+// learns where its parent listens.
 void TcpBootstrap::Impl::listen(Clock::time_point deadline) {
   check_descriptor_limit();
-  open_acceptor();
+  open_acceptor(bind_endpoint());
+  serve(deadline);
+  tell_parents();
+}
+
+// Takes the ranks expected here, each once, until all have joined.
+void TcpBootstrap::Impl::serve(Clock::time_point deadline) {
   hello_timer.emplace(io);
   accept_timer.emplace(io);
   listen_deadline = deadline;
   accept_next();
-  run(deadline, [&] { return members.size() == options.size - 1; }, [&] { return joins_missing(); });
-  stop_listening("still no hello when the job formed");
+  const std::size_t expected = end_expected() - first_expected();
+  run(deadline, [&] { return joined().size() == expected; }, [&] { return joins_missing(); });
+  stop_listening(options.rank == 0 ? "still no hello when the job formed" : "still no hello when the children joined");
 }
 
 // Nobody else is expected: a late connect is refused, not left hanging, and
@@ -221,7 +240,7 @@ void TcpBootstrap::Impl::on_accepted(const JoinerPtr& j) {
 
 // Out of descriptors or memory: the oldest connection without a hello gives
 // its descriptor up and accept() tries again at once; with none to give up,
-// after a pause. Anything else is rank 0's own failure.
+// after a pause. Anything else is the listener's own failure.
 void TcpBootstrap::Impl::on_accept_error(const error_code& ec) {
   if (!is_shortage(ec)) return (void)completed(ec, "listening on " + where, "accepting a connection");
   if (!shortage)
@@ -271,7 +290,7 @@ void TcpBootstrap::Impl::drop(Joiner& j, const std::string& why) {
 
 // Dropped for want of room or time, not for what it said: in case it is a
 // rank, it is asked to connect again (busy) rather than left to take the
-// close for rank 0's end.
+// close for the listener's end.
 void TcpBootstrap::Impl::shed(Joiner& j, const std::string& why) {
   if (!j.answered) last_word(j.socket, answer_frame(Verdict::busy, options.size));
   drop(j, why);
@@ -317,8 +336,8 @@ void TcpBootstrap::Impl::read_key(const JoinerPtr& j) {
                       " (not an ami bootstrap peer)");
   if (hello.version != kVersion)
     return refuse(j, Verdict::bad_version,
-                  "bad version " + std::to_string(hello.version) + " in the hello, rank 0 speaks version " +
-                      std::to_string(kVersion));
+                  "bad version " + std::to_string(hello.version) + " in the hello, rank " +
+                      std::to_string(options.rank) + " speaks version " + std::to_string(kVersion));
   asio::async_read(j->socket, asio::buffer(j->key_length), [this, j](const error_code& e, std::size_t) {
     if (e == asio::error::operation_aborted) return;
     if (e) return refuse(j, Verdict::wrong_key, "no job key after its hello (" + e.message() + ")");
@@ -339,18 +358,18 @@ void TcpBootstrap::Impl::read_key(const JoinerPtr& j) {
 }
 
 // Tells a stranger the verdict (if it still listens) and counts it. Nothing
-// fails: the ranks rank 0 waits for may still come.
+// fails: the ranks the listener waits for may still come.
 void TcpBootstrap::Impl::refuse(const JoinerPtr& j, Verdict verdict, const std::string& problem) {
   count_refusal(*j, problem);
   answer_and_linger(j, verdict);
 }
 
 // A second claim of a rank: the first claimant keeps it, the second is told
-// at once and fails, and rank 0 says so loudly, naming both, whichever is
+// at once and fails, and the listener says so loudly, naming both, whichever is
 // the impostor. Its own log budget: a flood of strangers cannot hide it.
 void TcpBootstrap::Impl::refuse_claim(const JoinerPtr& j, std::uint32_t rank) {
   j->counted = true;
-  const std::string holder = members.at(rank).name;
+  const std::string holder = joined().at(rank).name;
   const std::string what = "a second claim of rank " + std::to_string(rank) + ": peer " + j->address +
                            " claims it, already taken by " + holder;
   refusals.add(what);
@@ -382,7 +401,9 @@ void TcpBootstrap::Impl::on_hello(const JoinerPtr& j) {
   const Hello hello = decode(j->frame);
   std::string problem;
   const Verdict verdict = check(hello, problem);
-  if (verdict == Verdict::accepted) return take(j, hello.word);
+  if (verdict == Verdict::accepted && options.rank == 0 && has_children(hello.word, options.size))
+    return read_port(j, hello.word);
+  if (verdict == Verdict::accepted) return take(j, hello.word, 0);
   if (verdict == Verdict::duplicate_rank) return refuse_claim(j, hello.word);
   // A member of the job (it has the key) that disagrees about the job: the
   // job is misconfigured. Tell the peer, then fail whether or not that worked.
@@ -392,16 +413,35 @@ void TcpBootstrap::Impl::on_hello(const JoinerPtr& j) {
   fail(problem, "peer " + j->address, "checking its hello");
 }
 
+// A rank with children tells rank 0 where it listens for them: the word
+// after its key. It has shown the key, so a port no rank could listen on is
+// the job's fault, as a size mismatch is.
+void TcpBootstrap::Impl::read_port(const JoinerPtr& j, std::uint32_t rank) {
+  asio::async_read(j->socket, asio::buffer(j->port), [this, j, rank](const error_code& ec, std::size_t) {
+    if (ec == asio::error::operation_aborted) return;
+    if (ec) return drop(*j, (is_closed(ec) ? "closed the connection" : ec.message()) + " before its port");
+    if (joined().contains(rank)) return refuse_claim(j, rank);  // another took the rank meanwhile
+    const std::uint32_t port = get_u32(j->port.data());
+    if (port == 0 || port > 65535) {
+      j->answered = j->counted = true;
+      return fail("malformed hello: a port of " + std::to_string(port) + " for its children", "peer " + j->address,
+                  "checking its hello");
+    }
+    take(j, rank, static_cast<std::uint16_t>(port));
+  });
+}
+
 // The answer goes at once, so a rank is either answered or not a member:
-// rank 0 never has to cut into a half-sent answer to say it failed.
-void TcpBootstrap::Impl::take(const JoinerPtr& j, std::uint32_t rank) {
+// the listener never has to cut into a half-sent answer to say it failed.
+void TcpBootstrap::Impl::take(const JoinerPtr& j, std::uint32_t rank, std::uint16_t children_port) {
   j->frame = answer_frame(Verdict::accepted, options.size);
   if (!send_now(j->socket, j->frame)) return drop(*j, "its answer could not be sent");
   if (j->listed) {
     pending.erase(j->place);
     j->listed = false;
   }
-  members.emplace(rank, Member{std::move(j->socket), "rank " + std::to_string(rank) + " at " + j->address});
+  joined().emplace(rank, Member{std::move(j->socket), rank, "rank " + std::to_string(rank) + " at " + j->address,
+                                children_port});
 }
 
 Verdict TcpBootstrap::Impl::check(const Hello& h, std::string& problem) const {
@@ -409,15 +449,16 @@ Verdict TcpBootstrap::Impl::check(const Hello& h, std::string& problem) const {
   const std::string rank = std::to_string(h.word);
   if (h.size != options.size) {
     problem = "size mismatch: the peer, as rank " + rank + ", says the job has " + std::to_string(h.size) +
-              " ranks, rank 0 says " + size;
+              " ranks, rank " + std::to_string(options.rank) + " says " + size;
     return Verdict::size_mismatch;
   }
-  if (h.word == 0 || h.word >= options.size) {
-    problem = "rank out of range: the peer claims rank " + rank + ", the ranks that connect are 1.." +
-              std::to_string(options.size - 1);
+  if (h.word < first_expected() || h.word >= end_expected()) {
+    problem = "rank out of range: the peer claims rank " + rank + ", the ranks that connect " +
+              (options.rank == 0 ? "are " : "to rank " + std::to_string(options.rank) + " are ") +
+              std::to_string(first_expected()) + ".." + std::to_string(end_expected() - 1);
     return Verdict::rank_out_of_range;
   }
-  if (members.contains(h.word)) return Verdict::duplicate_rank;
+  if (joined().contains(h.word)) return Verdict::duplicate_rank;
   return Verdict::accepted;
 }
 
@@ -427,9 +468,9 @@ Verdict TcpBootstrap::Impl::check(const Hello& h, std::string& problem) const {
 // a huge job costs no more than in a small one.
 std::string TcpBootstrap::Impl::joins_missing() const {
   Listing ranks;
-  const std::size_t missing = options.size - 1 - members.size();
-  for (std::uint32_t r = 1; r < options.size && !ranks.full(); ++r)
-    if (!members.contains(r)) ranks.add(std::to_string(r));
+  const std::size_t missing = end_expected() - first_expected() - joined().size();
+  for (std::uint32_t r = first_expected(); r < end_expected() && !ranks.full(); ++r)
+    if (!joined().contains(r)) ranks.add(std::to_string(r));
   ranks.add_unnamed(missing - std::min<std::size_t>(missing, kMaxListed));
   Listing silent;
   for (const JoinerPtr& j : pending)
@@ -441,15 +482,16 @@ std::string TcpBootstrap::Impl::joins_missing() const {
   return text;
 }
 
-// Rank 0's error goes to every rank that joined (in place of the table it
-// waits for) and, without the reason, to every connection whose hello was
-// not checked yet: any of them may be a rank, and none should wait out its
-// timeout for a rank 0 that is gone. A rank with a table half-sent to it
-// cannot be told; it sees the connection close.
+// A rank's error goes to every rank that joined it (rank 0: the job; a
+// parent: its children), in place of the frame they wait for, and, without
+// the reason, to every connection whose hello was not checked yet: any of
+// them may be a rank, and none should wait out its timeout for a rank that is
+// gone. A rank with a table half-sent to it cannot be told; it sees the
+// connection close.
 void TcpBootstrap::Impl::tell_failure(const std::string& message) {
   const std::string reason = message.starts_with(prefix()) ? message.substr(prefix().size()) : message;
   const Blob notice = failure_notice(reason);
-  for (auto& [rank, m] : members)
+  for (auto& [rank, m] : joined())
     if (!m.sending) last_word(m.socket, notice);
   const Blob answer = failure_answer(options.size);
   for (const JoinerPtr& j : pending)

@@ -1,10 +1,11 @@
 // bootstrap_wire.hpp — the TCP bootstrap's frames (the format is written out
-// in bootstrap.hpp): the hello and its answer, the verdicts, and the
-// little-endian words every frame is made of, encoded and decoded the same
-// way by rank 0 (bootstrap_listener.cpp) and the ranks that connect to it
-// (bootstrap.cpp). Internal.
+// in bootstrap.hpp): the hello and its answer, the verdicts, the tree's shape,
+// and the little-endian words every frame is made of, encoded and decoded the
+// same way by a listening rank (bootstrap_listener.cpp) and the ranks that
+// connect to it (bootstrap.cpp, bootstrap_tree.cpp). Internal.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -17,14 +18,16 @@ namespace ami::bootstrap::wire {
 
 inline constexpr std::uint32_t kMagic = 0x42494d41;  // "AMIB" on the wire
 // 2: the hello carries the job's key. 3: rank 0 says why it failed, and
-// asks a connection it drops under load to connect again.
-inline constexpr std::uint32_t kVersion = 3;
-inline constexpr std::uint32_t kFailureMark = 0xffffffff;  // where a table's count is due: rank 0 failed
+// asks a connection it drops under load to connect again. 4: the table goes
+// down a tree, its lengths ahead of its blobs.
+inline constexpr std::uint32_t kVersion = 4;
+inline constexpr std::uint32_t kFailureMark = 0xffffffff;  // where a table's count is due: the sender failed
+inline constexpr std::size_t kMaxHostBytes = 255;          // a parent's address, as text
 
-// Rank 0's answer to a hello: accepted, or why not. It travels back so that
-// a refused rank's error says what rank 0 objected to.
+// A listening rank's answer to a hello: accepted, or why not. It travels back
+// so that a refused rank's error says what the listener objected to.
 enum class Verdict : std::uint32_t {
-  accepted = 0, bad_magic, bad_version, size_mismatch, rank_out_of_range, duplicate_rank, wrong_key, rank0_failed,
+  accepted = 0, bad_magic, bad_version, size_mismatch, rank_out_of_range, duplicate_rank, wrong_key, listener_failed,
   busy,
 };
 
@@ -37,8 +40,8 @@ inline std::string to_text(Verdict v) {
     case Verdict::rank_out_of_range: return "rank out of range";
     case Verdict::duplicate_rank: return "duplicate rank: another peer has already taken this rank";
     case Verdict::wrong_key: return "wrong job key (AMI_JOB_KEY differs)";
-    case Verdict::rank0_failed: return "rank 0 failed";
-    case Verdict::busy: return "rank 0 dropped the connection before reading its hello";
+    case Verdict::listener_failed: return "the listener failed";
+    case Verdict::busy: return "the listener dropped the connection before reading its hello";
   }
   return "unknown verdict " + std::to_string(static_cast<std::uint32_t>(v));
 }
@@ -61,6 +64,25 @@ inline void append_u32(Blob& b, std::uint32_t v) {
   b.insert(b.end(), w.begin(), w.end());
 }
 
+// Where a rank's parent listens, as rank 0 tells it: {host length, host, port}.
+inline Blob parent_frame(const std::string& host, std::uint16_t port) {
+  Blob b;
+  append_u32(b, static_cast<std::uint32_t>(host.size()));
+  for (char c : host) b.push_back(static_cast<std::byte>(c));
+  append_u32(b, port);
+  return b;
+}
+
+// The tree the tables travel down: rank r's parent and its children
+// [first_child(r), end_of_children(r)), cut at the job's size. In 64 bits, so
+// that no rank of a job of 2^32 overflows.
+inline std::uint32_t parent_of(std::uint32_t rank) { return (rank - 1) / kTreeFanOut; }
+inline std::uint64_t first_child(std::uint32_t rank) { return std::uint64_t{rank} * kTreeFanOut + 1; }
+inline std::uint64_t end_of_children(std::uint32_t rank, std::uint32_t size) {
+  return std::min<std::uint64_t>(first_child(rank) + kTreeFanOut, size);
+}
+inline bool has_children(std::uint32_t rank, std::uint32_t size) { return first_child(rank) < size; }
+
 // A hello and its answer share one layout; `word` is the sender's rank in a
 // hello and the verdict in an answer.
 struct Hello {
@@ -81,7 +103,7 @@ inline Hello decode(const HelloFrame& f) {
   return {get_u32(&f[0]), get_u32(&f[4]), get_u32(&f[8]), get_u32(&f[12])};
 }
 
-// Rank 0's answer to a hello: {magic, version, verdict, size}.
+// A listening rank's answer to a hello: {magic, version, verdict, size}.
 inline HelloFrame answer_frame(Verdict verdict, std::uint32_t size) {
   return encode({kMagic, kVersion, static_cast<std::uint32_t>(verdict), size});
 }
