@@ -15,21 +15,30 @@
 # may open (ulimit -n), or, found while running, more resident memory than
 # wireup_sim allows itself (80% of MemAvailable): nothing is estimated.
 #
+# Then the lanes: a ring job of 8 processes (bench/wireup_ring.sh), each
+# task talking only to its two neighbours, reports the queue pairs (verbs)
+# or segments (shm) each task made, which wire-up on first use keeps at 2
+# per context, and the first round trip to a neighbour (which connects the
+# lane) against the warm round trip on it: on this host over shm, and with
+# --rxe in the soft-RoCE VM (tests/rxe/ami-vm) over verbs.
+#
 # Written to OUT_DIR: wireup_scale.tsv (the rows, and a comment per N that
 # did not run), wireup_scale.txt (everything printed), wireup_time.dat/.png
 # and wireup_bytes.dat/.png.
 #
-# usage: bench/wireup_scale.sh [--max-n N (16384)] [--blob-bytes B (192)] [build-dir]
+# usage: bench/wireup_scale.sh [--max-n N (16384)] [--blob-bytes B (192)] [--rxe] [build-dir]
 #        REPEATS_SMALL=5 REPEATS_LARGE=1
 #        OUT_DIR=<build-dir>/bench-results
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MAX_N=16384
 BLOB_BYTES=192
+RXE=0
 while (($#)); do
   case $1 in
     --max-n) MAX_N=${2:?--max-n needs a number}; shift 2 ;;
     --blob-bytes) BLOB_BYTES=${2:?--blob-bytes needs a number}; shift 2 ;;
+    --rxe) RXE=1; shift ;;
     -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "wireup_scale.sh: unknown option $1" >&2; exit 2 ;;
     *) break ;;
@@ -43,7 +52,7 @@ RANKS_PER_PROCESS=1024
 SIM=$BUILD/bench/wireup_sim
 
 [[ -f $BUILD/build.ninja ]] || meson setup "$BUILD" >/dev/null
-meson compile -C "$BUILD" bench/wireup_sim >/dev/null
+meson compile -C "$BUILD" bench/wireup_sim bench/ami_wireup_ring >/dev/null
 mkdir -p "$OUT_DIR"
 tsv=$OUT_DIR/wireup_scale.tsv
 exec > >(tee "$OUT_DIR/wireup_scale.txt") 2>&1
@@ -116,3 +125,16 @@ bench/plot.sh --count-x --pairs -x "ranks (N)" -y "bytes sent by the busiest ran
   -t "TCP bootstrap allgather: the tree ($BLOB_BYTES B blobs) and the star (as measured before it, its own blobs)" \
   "$OUT_DIR/wireup_bytes.dat" "$OUT_DIR/wireup_bytes.png" || true
 echo "wireup_scale: $tsv, $OUT_DIR/wireup_time.png, $OUT_DIR/wireup_bytes.png"
+
+echo
+echo "ring of 8 tasks, each talking to its two neighbours, over shm on this host:"
+bench/wireup_ring.sh "$BUILD" 8 AMI_BACKENDS=self,shm | tail -1
+if ((RXE)); then
+  echo "ring of 8 tasks over verbs in the soft-RoCE VM (handshake on first use; then rdma_cm, every lane at setup):"
+  build_abs=$(cd "$BUILD" && pwd)
+  shares=(--share "$PWD")
+  [[ $build_abs == "$PWD"/* ]] || shares+=(--share "$build_abs")
+  tests/rxe/ami-vm --timeout 600 "${shares[@]}" -- \
+    bash -c "cd '$PWD' && bench/wireup_ring.sh '$build_abs' 8 AMI_BACKENDS=self,verbs | tail -1 &&
+             bench/wireup_ring.sh '$build_abs' 8 AMI_BACKENDS=self,verbs AMI_VERBS_CM=on | tail -1"
+fi
