@@ -307,5 +307,8 @@ class VerbsDomain {
 
 // Posts every buffer in q.to_repost to the SRQ in one chain (verbs_datapath.cpp).
 int post_receives(ContextQueues& q, std::uint32_t bounce_bytes);
+// Posts the handshake's receive buffer to q's UD queue pair (verbs_setup.cpp).
+// Both return 0 or an errno value.
+int post_handshake_receive(ContextQueues& q, std::uint32_t buffer);
 
 }  // namespace ami::verbs

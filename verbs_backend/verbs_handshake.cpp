@@ -152,15 +152,7 @@ void VerbsDevice::on_handshake(const ibv_wc& wc) {
 }
 
 void VerbsDevice::repost_handshake(std::uint32_t buffer) {
-  ibv_sge sge{reinterpret_cast<std::uintptr_t>(queues_.ud_memory.get() + std::size_t{buffer} * kUdReceiveBytes),
-              kUdReceiveBytes, queues_.ud_mr->lkey};
-  ibv_recv_wr wr{};
-  wr.wr_id = buffer;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  ibv_recv_wr* bad = nullptr;
-  if (int rc = ibv_post_recv(queues_.ud.get(), &wr, &bad))
-    log_qp(queues_.ud.get(), "ibv_post_recv (handshake)", errno_of_rc(rc));
+  if (int err = post_handshake_receive(queues_, buffer)) log_qp(queues_.ud.get(), "ibv_post_recv (handshake)", err);
 }
 
 void VerbsDevice::on_handshake_message(const Handshake& m) {

@@ -229,16 +229,20 @@ void VerbsDomain::make_ud(ContextQueues& q) {
   s.sq_psn = 0;
   if (int rc = ibv_modify_qp(q.ud.get(), &s, IBV_QP_STATE | IBV_QP_SQ_PSN))
     throw_call("ibv_modify_qp (UD) to RTS", errno_of_rc(rc));
-  for (std::uint32_t i = 0; i < kUdReceives; ++i) {
-    ibv_sge sge{reinterpret_cast<std::uintptr_t>(q.ud_memory.get() + std::size_t{i} * kUdReceiveBytes),
-                kUdReceiveBytes, q.ud_mr->lkey};
-    ibv_recv_wr wr{};
-    wr.wr_id = i;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
-    ibv_recv_wr* bad = nullptr;
-    if (int rc = ibv_post_recv(q.ud.get(), &wr, &bad)) throw_call("ibv_post_recv (UD)", errno_of_rc(rc));
-  }
+  for (std::uint32_t i = 0; i < kUdReceives; ++i)
+    if (int err = post_handshake_receive(q, i)) throw_call("ibv_post_recv (UD)", err);
+}
+
+int post_handshake_receive(ContextQueues& q, std::uint32_t buffer) {
+  ibv_sge sge{reinterpret_cast<std::uintptr_t>(q.ud_memory.get() + std::size_t{buffer} * kUdReceiveBytes),
+              kUdReceiveBytes, q.ud_mr->lkey};
+  ibv_recv_wr wr{};
+  wr.wr_id = buffer;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  const int rc = ibv_post_recv(q.ud.get(), &wr, &bad);
+  return rc == 0 ? 0 : errno_of_rc(rc);
 }
 
 // Every receive buffer, the handshake's queue pair and every send WR of
