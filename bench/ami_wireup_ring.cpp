@@ -20,7 +20,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -85,10 +84,13 @@ double round_trip(Ring& r, ami::Endpoint dest) {
   return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
 }
 
+// The number just before " words" in text ("3 queue pair(s) made"), or -1.
 long number_before(const std::string& text, const char* words) {
-  std::smatch m;
-  const std::regex re(std::string("([0-9]+) ") + words);
-  return std::regex_search(text, m, re) ? std::stol(m[1]) : -1;
+  const std::size_t at = text.find(std::string(" ") + words);
+  if (at == std::string::npos) return -1;
+  std::size_t from = at;
+  while (from > 0 && text[from - 1] >= '0' && text[from - 1] <= '9') --from;
+  return from == at ? -1 : std::stol(text.substr(from, at - from));
 }
 
 }  // namespace
@@ -123,8 +125,8 @@ int main(int argc, char** argv) {
     advance_until(r, [&] { return r.dones == 2; });
     const std::string backends = client.describe_backends();
     std::printf("rank %u queue_pairs %ld first_rtt_us %.1f warm_rtt_us %.1f segments_mapped %ld\n", me,
-                number_before(backends, "queue pair\\(s\\) made"), first, median,
-                number_before(backends, "segment\\(s\\) mapped"));
+                number_before(backends, "queue pair(s) made"), first, median,
+                number_before(backends, "segment(s) mapped"));
     // Linger: the neighbours' last words to us still need our advance.
     const auto until = Clock::now() + std::chrono::milliseconds(300);
     while (Clock::now() < until)

@@ -9,7 +9,6 @@
 
 #include <chrono>
 #include <cstring>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -28,9 +27,11 @@ Config verbs_job() { return test::config_with({{"AMI_BACKENDS", "self,verbs"}});
 // "…, 4 queue pair(s) made" in the verbs line of describe_backends().
 long queue_pairs_made(Client& c) {
   const std::string text = c.describe_backends();
-  std::smatch m;
-  static const std::regex kMade("([0-9]+) queue pair\\(s\\) made");
-  return std::regex_search(text, m, kMade) ? std::stol(m[1]) : -1;
+  const std::size_t at = text.find(" queue pair(s) made");
+  if (at == std::string::npos) return -1;
+  std::size_t from = at;
+  while (from > 0 && text[from - 1] >= '0' && text[from - 1] <= '9') --from;
+  return from == at ? -1 : std::stol(text.substr(from, at - from));
 }
 
 ClientOptions with_contexts(std::uint32_t rank, std::uint32_t size, const std::string& address, const Config& c,
