@@ -30,6 +30,9 @@ constexpr Status kNotReady{StatusCode::peer_failed,
                            "verbs: the peer context asked to connect the lane, then went silent (see the log)"};
 constexpr Status kTransition{StatusCode::device_error, "verbs: connecting the queue pair failed (see the log)"};
 
+// A send's wr_id on the UD queue pair; a receive's is its buffer's index.
+constexpr std::uint64_t kSendTag = 1ull << 32;
+
 std::int64_t retry_after(std::uint16_t tries) {
   return std::min(kLongestRetryNs, kFirstRetryNs << std::min<std::uint16_t>(tries, 5));
 }
@@ -108,7 +111,7 @@ void VerbsDevice::send_handshake(Handshake::Type type, Endpoint peer, const Conn
   m.encode(std::span<std::byte, Handshake::kBytes>(buffer, Handshake::kBytes));
   ibv_sge sge{reinterpret_cast<std::uintptr_t>(buffer), Handshake::kBytes, queues_.ud_mr->lkey};
   ibv_send_wr wr{};
-  wr.wr_id = slot;
+  wr.wr_id = kSendTag | slot;
   wr.sg_list = &sge;
   wr.num_sge = 1;
   wr.opcode = IBV_WR_SEND;
@@ -128,7 +131,7 @@ void VerbsDevice::send_handshake(Handshake::Type type, Endpoint peer, const Conn
 
 // A completion on the UD QP: a send buffer free again, or a message in.
 void VerbsDevice::on_handshake(const ibv_wc& wc) {
-  if (wc.opcode == IBV_WC_SEND || !(wc.opcode & IBV_WC_RECV)) {
+  if (wc.wr_id & kSendTag) {  // (wc.opcode is undefined on an error completion)
     if (queues_.ud_sends_out > 0) --queues_.ud_sends_out;
     if (wc.status != IBV_WC_SUCCESS)
       log("handshake send on UD QP 0x%06x: %s", wc.qp_num, ibv_wc_status_str(wc.status));

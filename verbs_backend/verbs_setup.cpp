@@ -152,8 +152,12 @@ QpOwner VerbsDomain::make_qp(ContextQueues& q) {
     }
     if (!qp) throw_call("ibv_create_qp", err);
   }
-  if (!inline_known_) port_.max_inline = a.cap.max_inline_data;
-  inline_known_ = true;
+  // Found once, by the probe the constructor makes: later calls come from
+  // the contexts' threads and only read it.
+  if (!inline_known_) {
+    port_.max_inline = a.cap.max_inline_data;
+    inline_known_ = true;
+  }
   if (int err = qp_to_init(qp.get(), port_.port)) {
     log_qp(qp.get(), "ibv_modify_qp to INIT", err);
     throw_call("ibv_modify_qp to INIT", err);
