@@ -4,11 +4,13 @@
 // lane) against warm round trips on the same lane. bench/wireup_scale.sh runs
 // it as a job of 8 processes in the soft-RoCE VM.
 //
-// Every task runs it, placed by AMI_RANK, AMI_SIZE and AMI_BOOTSTRAP, and
-// prints one line:
-//   rank <r> queue_pairs <n> first_rtt_us <t> warm_rtt_us <median> segments_mapped <m>
+// Every task runs it, placed by AMI_RANK, AMI_SIZE and AMI_BOOTSTRAP or by a
+// PMIx launcher, and prints one line:
+//   rank <r> queue_pairs <n> first_rtt_us <t> warm_rtt_us <median> segments_mapped <m> addresses_learnt <a>
 // (queue pairs the verbs backend made, segments the shm backend mapped; -1
-// for a backend not in use).
+// for a backend not in use; the peer tasks whose address it learnt: all of
+// them when addresses are exchanged at start, its neighbours when they are
+// fetched on first use, under PMIx).
 // A task that finds nothing to do yields its core (sched_yield): the job
 // has more tasks than the host has cores, and a peer that is not running
 // answers nothing.
@@ -124,9 +126,9 @@ int main(int argc, char** argv) {
     send(r, right, kDone);
     advance_until(r, [&] { return r.dones == 2; });
     const std::string backends = client.describe_backends();
-    std::printf("rank %u queue_pairs %ld first_rtt_us %.1f warm_rtt_us %.1f segments_mapped %ld\n", me,
-                number_before(backends, "queue pair(s) made"), first, median,
-                number_before(backends, "segment(s) mapped"));
+    std::printf("rank %u queue_pairs %ld first_rtt_us %.1f warm_rtt_us %.1f segments_mapped %ld addresses_learnt %u\n",
+                me, number_before(backends, "queue pair(s) made"), first, median,
+                number_before(backends, "segment(s) mapped"), client.peers_joined());
     // Linger: the neighbours' last words to us still need our advance.
     const auto until = Clock::now() + std::chrono::milliseconds(300);
     while (Clock::now() < until)

@@ -4,9 +4,12 @@
 # neighbours; prints each task's line and a summary: queue pairs made per
 # task and shm segments mapped (wire-up on first use: 2 each with one
 # context, whichever backend joins the neighbours) and the first round trip
-# to a neighbour (which connects the lane) against the warm one.
+# to a neighbour (which connects the lane) against the warm one. With
+# LAUNCHER=mpirun the job is started by Open MPI's mpirun instead (PMIx):
+# addresses are then fetched on first use, and the summary says how many
+# each task learnt (2: its neighbours, where the TCP bootstrap gives all).
 #
-#   bench/wireup_ring.sh BUILD_DIR [N] [VAR=VALUE...]
+#   [LAUNCHER=mpirun] bench/wireup_ring.sh BUILD_DIR [N] [VAR=VALUE...]
 #
 # bench/wireup_scale.sh runs it inside the soft-RoCE VM (AMI_BACKENDS=self,verbs).
 set -euo pipefail
@@ -20,12 +23,20 @@ key=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 pids=()
-for ((r = 0; r < n; r++)); do
-  env AMI_RANK=$r AMI_SIZE=$n AMI_BOOTSTRAP=127.0.0.1:$port AMI_JOB_KEY=$key "$@" \
-    timeout 120 "$prog" >"$out/$r.out" 2>"$out/$r.err" &
-  pids+=($!)
-done
 rc=0
+if [[ ${LAUNCHER:-} == mpirun ]]; then
+  root=(); (($(id -u) == 0)) && root=(--allow-run-as-root)
+  envs=(); for v in "$@"; do envs+=(-x "$v"); done
+  # Each rank's line into its own file, as below.
+  timeout 180 mpirun --oversubscribe "${root[@]}" "${envs[@]}" -np "$n" \
+    bash -c 'exec "$0" >"$1/$OMPI_COMM_WORLD_RANK.out" 2>"$1/$OMPI_COMM_WORLD_RANK.err"' "$prog" "$out" || rc=1
+else
+  for ((r = 0; r < n; r++)); do
+    env AMI_RANK=$r AMI_SIZE=$n AMI_BOOTSTRAP=127.0.0.1:$port AMI_JOB_KEY=$key "$@" \
+      timeout 120 "$prog" >"$out/$r.out" 2>"$out/$r.err" &
+    pids+=($!)
+  done
+fi
 for p in "${pids[@]}"; do wait "$p" || rc=1; done
 for ((r = 0; r < n; r++)); do cat "$out/$r.out"; [[ -s $out/$r.err ]] && sed "s/^/rank $r: /" "$out/$r.err" >&2; done
 ((rc == 0)) || { echo "wireup_ring.sh: a task failed" >&2; exit 1; }
@@ -35,6 +46,7 @@ qps=$(awk '{ print $4 }' <<<"$lines" | sort -n | uniq | paste -sd/)
 segs=$(awk '{ print $10 }' <<<"$lines" | sort -n | uniq | paste -sd/)
 first=$(awk '{ print $6 }' <<<"$lines" | median)
 warm=$(awk '{ print $8 }' <<<"$lines" | median)
-awk -v n="$n" -v q="$qps" -v s="$segs" -v f="$first" -v w="$warm" 'BEGIN {
-  printf "tasks %d  queue pairs per task %s  segments mapped per task %s  first round trip (median over tasks) %.1f us  warm %.1f us  ratio %.1f\n",
-    n, q, s, f, w, (w > 0 ? f / w : 0) }'
+learnt=$(awk '{ print $12 }' <<<"$lines" | sort -n | uniq | paste -sd/)
+awk -v n="$n" -v q="$qps" -v s="$segs" -v f="$first" -v w="$warm" -v a="$learnt" 'BEGIN {
+  printf "tasks %d  queue pairs per task %s  segments mapped per task %s  addresses learnt per task %s  first round trip (median over tasks) %.1f us  warm %.1f us  ratio %.1f\n",
+    n, q, s, a, f, w, (w > 0 ? f / w : 0) }'

@@ -20,7 +20,9 @@
 # or segments (shm) each task made, which wire-up on first use keeps at 2
 # per context, and the first round trip to a neighbour (which connects the
 # lane) against the warm round trip on it: on this host over shm, and with
-# --rxe in the soft-RoCE VM (tests/rxe/ami-vm) over verbs.
+# --rxe in the soft-RoCE VM (tests/rxe/ami-vm) over verbs; each once
+# bootstrapped over TCP (every address at start) and once under mpirun
+# (PMIx: addresses fetched on first use, 2 per task), where mpirun exists.
 #
 # Written to OUT_DIR: wireup_scale.tsv (the rows, and a comment per N that
 # did not run), wireup_scale.txt (everything printed), wireup_time.dat/.png
@@ -129,12 +131,24 @@ echo "wireup_scale: $tsv, $OUT_DIR/wireup_time.png, $OUT_DIR/wireup_bytes.png"
 echo
 echo "ring of 8 tasks, each talking to its two neighbours, over shm on this host:"
 bench/wireup_ring.sh "$BUILD" 8 AMI_BACKENDS=self,shm | tail -1
+have_mpirun=0
+command -v mpirun >/dev/null && mpirun --version 2>&1 | grep -q "Open MPI" && have_mpirun=1
+if ((have_mpirun)); then
+  echo "the same under mpirun (PMIx: each address fetched when first needed):"
+  LAUNCHER=mpirun bench/wireup_ring.sh "$BUILD" 8 AMI_BACKENDS=self,shm | tail -1
+else
+  echo "(no Open MPI mpirun here: the PMIx ring is not run)"
+fi
 if ((RXE)); then
-  echo "ring of 8 tasks over verbs in the soft-RoCE VM (handshake on first use; then rdma_cm, every lane at setup):"
+  echo "ring of 8 tasks over verbs in the soft-RoCE VM (handshake on first use; then rdma_cm, every lane at"
+  echo "setup; then under mpirun, addresses fetched on first use and the handshake):"
   build_abs=$(cd "$BUILD" && pwd)
   shares=(--share "$PWD")
   [[ $build_abs == "$PWD"/* ]] || shares+=(--share "$build_abs")
+  pmix_ring=true
+  ((have_mpirun)) && pmix_ring="LAUNCHER=mpirun bench/wireup_ring.sh '$build_abs' 8 AMI_BACKENDS=self,verbs | tail -1"
   tests/rxe/ami-vm --timeout 600 "${shares[@]}" -- \
     bash -c "cd '$PWD' && bench/wireup_ring.sh '$build_abs' 8 AMI_BACKENDS=self,verbs | tail -1 &&
-             bench/wireup_ring.sh '$build_abs' 8 AMI_BACKENDS=self,verbs AMI_VERBS_CM=on | tail -1"
+             bench/wireup_ring.sh '$build_abs' 8 AMI_BACKENDS=self,verbs AMI_VERBS_CM=on | tail -1 &&
+             $pmix_ring"
 fi

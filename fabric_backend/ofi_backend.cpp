@@ -53,6 +53,10 @@ class OfiBackend final : public device::Backend {
     if (!s.ok()) return std::string(s.what());
     return {};
   }
+  // connect() inserts the peer into every context's address vector, which
+  // under FI_THREAD_COMPLETION only the context's own thread may touch:
+  // peers are joined at setup.
+  bool connects_alone() const override { return false; }
 
   bool reaches(std::uint32_t task) const override { return fabric_.connected(task); }
   std::uint32_t tasks_reached() const override { return fabric_.peers_connected(); }

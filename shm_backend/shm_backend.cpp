@@ -20,7 +20,9 @@ class ShmBackend final : public device::Backend {
  public:
   explicit ShmBackend(const device::BackendSetup& s)
       : domain_(s.task, s.tasks, s.contexts, Options::from(s.config), s.regions, s.id),
-        ring_(s.config.text(Param("AMI_SHM_RING_DEPTH")) + " x " + s.config.text(Param("AMI_SHM_CELL_SIZE")) + " B") {}
+        ring_(s.config.text(Param("AMI_SHM_RING_DEPTH")) + " x " + s.config.text(Param("AMI_SHM_CELL_SIZE")) + " B") {
+    domain_.set_directory(s.directory);
+  }
 
   std::string_view name() const override { return "shm"; }
 

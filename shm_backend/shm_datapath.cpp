@@ -22,7 +22,7 @@ ShmDevice::ShmDevice(ShmDomain& domain, std::uint16_t context, std::uint32_t fif
   q.set_credit_batch(q.depth() / 8);
 }
 
-// Every peer learnt at setup, mapped yet or not.
+// Every peer learnt (at setup, or on demand), mapped yet or not.
 bool ShmDevice::can_reach(Endpoint peer) const {
   return peer.task != domain_.task() && peer.context < domain_.contexts() &&
          domain_.reaches(peer.task);
@@ -121,9 +121,13 @@ std::size_t ShmDevice::drain_lane(ShmLane& lane, bool packets_only) {
 
 void ShmLane::ring() { device_.drain_lane(*this, true); }
 
+// (A task not learnt yet, with addresses on demand, is learnt now: it put
+// the cell into this task's ring, so it is a peer of this host.)
 ShmLane* ShmDevice::lane_from(const device::ReceptionQueue::Origin& origin) {
   const Endpoint from{origin.task, origin.context};
-  if (!can_reach(from)) return nullptr;
+  if (!can_reach(from) && (from.context >= domain_.contexts() || !domain_.learn_on_demand(from.task) ||
+                           !can_reach(from)))
+    return nullptr;
   return static_cast<ShmLane*>(lane(from));
 }
 

@@ -56,9 +56,10 @@ Status ShmDomain::learn(const PeerAddress& peer) {
   if (peer.fd < 0 || peer.pid == 0)
     return {StatusCode::invalid_argument, "shm: the address names no segment"};
   Peer& p = peers_[peer.task];
-  if (p.pid == 0) ++peers_known_;
-  p.pid = peer.pid;
+  if (p.pid.load(std::memory_order_relaxed) != 0) return Status::success();  // (learnt once)
   p.fd = peer.fd;
+  p.pid.store(peer.pid, std::memory_order_release);  // last: a context may be reading
+  peers_known_.fetch_add(1, std::memory_order_relaxed);
   return Status::success();
 }
 

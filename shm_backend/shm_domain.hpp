@@ -7,7 +7,8 @@
 // Owned by the task's shm backend (shm_backend.cpp); built before the
 // contexts and destroyed after them.
 //
-// A peer is learnt during setup (learn(), from connect()): its pid, the
+// A peer is learnt during setup or, with addresses on demand, when first
+// needed (learn(), from connect()): its pid, the
 // number of its segment's descriptor and its contexts, checked as far as
 // that can be done without touching the peer. Its segment is opened and
 // mapped the first time a context needs it (map(): a lane to the peer is
@@ -24,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ami/device/peer_directory.hpp"
 #include "ami/device/region_table.hpp"
 #include "segment.hpp"
 #include "shm_config.hpp"
@@ -59,15 +61,23 @@ class ShmDomain {
   std::uint32_t stall_timeout_ms() const { return stall_timeout_ms_; }
   std::uint8_t key_id() const { return key_id_; }
 
-  // Records a peer of this host (setup only: before any context runs).
+  // Records a peer of this host: at setup, or on demand while contexts run
+  // (the pid is stored last, with release: reaches() sees a whole peer).
   // Nothing of the peer is touched; its status says why a peer stays
   // unreachable: it names no other task of the job, no segment, or has
   // another number of contexts.
   Status learn(const PeerAddress& peer);
   // Learnt: the peer is reached by shm, mapped or not.
-  bool reaches(std::uint32_t task) const { return task < tasks_ && peers_[task].pid != 0; }
-  std::uint32_t pid(std::uint32_t task) const { return peers_[task].pid; }
-  std::uint32_t peers_known() const { return peers_known_; }
+  bool reaches(std::uint32_t task) const { return task < tasks_ && pid(task) != 0; }
+  std::uint32_t pid(std::uint32_t task) const { return peers_[task].pid.load(std::memory_order_acquire); }
+  std::uint32_t peers_known() const { return peers_known_.load(std::memory_order_relaxed); }
+  // Asks the Client about a task not learnt yet (addresses on demand):
+  // true once shm reaches it. Blocks while the address is fetched.
+  bool learn_on_demand(std::uint32_t task) {
+    return reaches(task) ||
+           (directory_ != nullptr && task < tasks_ && directory_->learn(task).empty() && reaches(task));
+  }
+  void set_directory(device::PeerDirectory* directory) { directory_ = directory; }
 
   // Maps a learnt peer's segment, the first time any context asks; later
   // calls return what the first one found. Not ok: the segment cannot be
@@ -136,7 +146,7 @@ class ShmDomain {
   // bytes until the peer is first used.
   struct Peer {
     std::atomic<Attachment*> attachment{nullptr};  // published once, under lock_
-    std::uint32_t pid = 0;                         // 0: not learnt (another host, or refused)
+    std::atomic<std::uint32_t> pid{0};             // 0: not learnt (another host, or refused)
     std::int32_t fd = -1;                          // the segment's descriptor in the peer
     std::atomic<bool> dead{false};
   };
@@ -154,7 +164,8 @@ class ShmDomain {
   const device::RegionTable& regions_;
   OwnSegment own_;
   std::unique_ptr<Peer[]> peers_;  // by task
-  std::uint32_t peers_known_ = 0;
+  std::atomic<std::uint32_t> peers_known_{0};
+  device::PeerDirectory* directory_ = nullptr;  // the Client's
   std::atomic<bool> cma_;
   std::uint32_t stall_timeout_ms_;
   std::uint8_t key_id_;

@@ -5,6 +5,7 @@
 #include "verbs_backend.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 
 #include "ami/device/descriptor.hpp"
@@ -58,7 +59,9 @@ VerbsOptions domain_options(const device::BackendSetup& s) {
 class VerbsBackend final : public device::Backend {
  public:
   explicit VerbsBackend(const device::BackendSetup& s)
-      : domain_(s.task, s.tasks, s.contexts, domain_options(s), s.regions) {}
+      : domain_(s.task, s.tasks, s.contexts, domain_options(s), s.regions) {
+    domain_.set_directory(s.directory);
+  }
 
   std::string_view name() const override { return "verbs"; }
   std::vector<std::byte> local_address() const override { return domain_.local_address(); }
@@ -73,17 +76,21 @@ class VerbsBackend final : public device::Backend {
 
   // A failure ends the Client's creation here: with rdma_cm the peer waits
   // in its own connect() for this task, and the tasks after it for both.
+  // (On demand the Client takes the throw as the reason this peer is not
+  // reached.)
   std::string connect(const device::TaskFacts& peer, std::span<const std::byte> entry) override {
     Status s = domain_.connect(peer.task, entry);
     if (!s.ok())
       throw Error("Client: cannot connect to task " + std::to_string(peer.task) + " (" +
                   std::string(peer.hostname) + ") by verbs: " + to_string(s));
-    ++peers_;
+    peers_.fetch_add(1, std::memory_order_relaxed);
     return {};
   }
+  // The handshake learns a peer alone; rdma_cm connects every pair at setup.
+  bool connects_alone() const override { return domain_.method() == ConnectMethod::handshake; }
 
   bool reaches(std::uint32_t task) const override { return domain_.knows(task); }
-  std::uint32_t tasks_reached() const override { return peers_; }
+  std::uint32_t tasks_reached() const override { return peers_.load(std::memory_order_relaxed); }
 
   Status register_region(std::uint32_t region, void* address, std::size_t length,
                          device::RegionKeys& keys) override {
@@ -98,7 +105,7 @@ class VerbsBackend final : public device::Backend {
   bool pins_registrations() const override { return true; }
 
   std::string describe() const override {
-    return domain_.describe() + ", " + std::to_string(peers_) + " peer task(s)";
+    return domain_.describe() + ", " + std::to_string(tasks_reached()) + " peer task(s)";
   }
   std::string describe_lane(std::uint16_t context, Endpoint peer) const override {
     return domain_.describe_lane(context, peer);
@@ -110,7 +117,7 @@ class VerbsBackend final : public device::Backend {
 
  private:
   VerbsDomain domain_;
-  std::uint32_t peers_ = 0;
+  std::atomic<std::uint32_t> peers_{0};  // (on demand, connect() runs beside describe())
 };
 
 // The RDMA devices of this host, active or not.

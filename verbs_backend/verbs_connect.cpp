@@ -124,7 +124,7 @@ Status VerbsDomain::check_peer(std::uint32_t peer_task, const DomainAddress& a) 
     return {StatusCode::invalid_argument, "verbs: the peer's receive buffers are too small"};
   if (a.link_layer == IBV_LINK_LAYER_INFINIBAND && a.lid == 0)
     return {StatusCode::invalid_argument, "verbs: the peer's InfiniBand port has no LID"};
-  if (peers_[peer_task].known)
+  if (knows(peer_task))
     return {StatusCode::invalid_argument, "verbs: the peer is known already"};
   return Status::success();
 }
@@ -167,9 +167,9 @@ void VerbsDomain::learn(std::uint32_t peer_task, const DomainAddress& a) {
   p.lid = a.lid;
   p.mtu = a.mtu;
   p.rd_atomic = a.rd_atomic;
-  p.known = true;
   for (std::uint16_t d = 0; d < a.ud_qpns.size() && d < contexts_; ++d)
     peer_ud_[lane_index(Endpoint{peer_task, d})] = a.ud_qpns[d];
+  p.known.store(true, std::memory_order_release);  // last: a context may be reading
 }
 
 }  // namespace ami::verbs

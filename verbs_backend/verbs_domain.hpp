@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "ami/callback.hpp"
+#include "ami/device/peer_directory.hpp"
 #include "ami/device/region_table.hpp"
 #include "ami/memory.hpp"
 #include "ami/status.hpp"
@@ -131,7 +132,9 @@ struct PeerInfo {
   std::uint16_t lid = 0;
   std::uint8_t mtu = 0;            // enum ibv_mtu: its port's active MTU
   std::uint8_t rd_atomic = 0;      // RDMA READs it answers at once per QP
-  bool known = false;              // connect() accepted its address
+  // connect() accepted its address: set last, with release, since under
+  // addresses on demand a context's thread reads the rest once it sees it.
+  std::atomic<bool> known{false};
 };
 
 // One lane's queue pair and where its connection stands.
@@ -244,7 +247,15 @@ class VerbsDomain {
   ibv_context* device() const { return device_.get(); }
   ibv_pd* pd() const { return pd_.get(); }
   // connect() accepted the peer: lanes to it can be made.
-  bool knows(std::uint32_t peer) const { return peer < peers_.size() && peers_[peer].known; }
+  bool knows(std::uint32_t peer) const {
+    return peer < peers_.size() && peers_[peer].known.load(std::memory_order_acquire);
+  }
+  // Asks the Client about a task not known yet (addresses on demand): true
+  // once it is known. Blocks while the address is fetched.
+  bool learn_on_demand(std::uint32_t peer) {
+    return knows(peer) || (directory_ != nullptr && peer < tasks_ && directory_->learn(peer).empty() && knows(peer));
+  }
+  void set_directory(device::PeerDirectory* directory) { directory_ = directory; }
   const PeerInfo& peer(std::uint32_t task) const { return peers_[task]; }
   // The UD queue pair of the peer context, where its handshake listens.
   std::uint32_t peer_ud_qpn(Endpoint peer) const { return peer_ud_[lane_index(peer)]; }
@@ -299,6 +310,7 @@ class VerbsDomain {
   std::vector<Region> region_mrs_;
   std::vector<std::unique_ptr<ContextQueues>> queues_;
   std::vector<PeerInfo> peers_;
+  device::PeerDirectory* directory_ = nullptr;  // the Client's
   std::vector<std::uint32_t> peer_ud_;  // by lane index: each peer context's UD QP (handshake)
   std::uint64_t nonce_ = 0;
   std::atomic<std::uint64_t> queue_pairs_made_{0};

@@ -141,7 +141,9 @@ void VerbsDevice::on_handshake(const ibv_wc& wc) {
   if (wc.status == IBV_WC_SUCCESS && buffer < kUdReceives && wc.byte_len >= kUdGrhBytes) {
     const std::byte* bytes = queues_.ud_memory.get() + std::size_t{buffer} * kUdReceiveBytes + kUdGrhBytes;
     const std::optional<Handshake> m = Handshake::decode({bytes, wc.byte_len - kUdGrhBytes});
-    if (m && m->task < domain_.tasks() && m->task != domain_.task() && domain_.knows(m->task) &&
+    // A request from a task not learnt yet (addresses on demand) has its
+    // address fetched first: its nonce is checked against that.
+    if (m && m->task < domain_.tasks() && m->task != domain_.task() && domain_.learn_on_demand(m->task) &&
         m->nonce == domain_.peer(m->task).nonce && m->context < domain_.contexts() && m->peer_context == context_) {
       ++counters_.handshakes_received;
       on_handshake_message(*m);

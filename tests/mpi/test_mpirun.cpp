@@ -3,7 +3,10 @@
 // every rank sends every rank, itself included, active messages of 1 B,
 // 1000 B (several shm packets) and 100 KB (stopped by its receiver, the
 // rest moved by GET or PUT), each with a remote-done, three rounds, and
-// checks every byte that arrives. The test
+// checks every byte that arrives. Addresses are learnt on first use
+// (AMI_ADDRESSES=auto under PMIx): a ring job learns only its neighbours, a
+// job told start learns all at once, a peer whose address does not fit
+// fails at first use, not at creation. The test
 // speaks PMIx itself too: to read rank and size independently of ami, and
 // to meet the other ranks at the end without ceasing to advance.
 #define DOCTEST_CONFIG_IMPLEMENT
@@ -302,10 +305,101 @@ TEST_CASE("every rank sends every rank 1 B, 1000 B and 100 KB with remote done; 
   CHECK(x.problems.count == 0);
   CHECK(c.stats().malformed_packets == 0);
   CHECK(c.stats().rndv_stopped > 0);  // the 100 KB messages went the rendezvous way
+  CHECK(client.peers_joined() == client.size() - 1);  // everyone talked with everyone
 
   std::string why;
   CHECK_MESSAGE(meet_everyone(c, why), why);
   (void)c.set_dispatch(kDispatch, {});
+}
+
+// Every rank sends one message with a remote done to the next rank of a
+// ring and waits for the previous one's: the receiver's ack goes back to
+// the sender, so each rank ends up talking with exactly its two
+// neighbours (one, in a job of two).
+void ring_round(ami::Client& client, ami::Context& c) {
+  const std::uint32_t me = client.task(), n = client.size();
+  std::size_t arrived = 0;
+  bool remote_done = false;
+  ami::Status remote_status;
+  REQUIRE(c.set_dispatch(kDispatch, {+[](void* cookie, const ami::Incoming& in, ami::Receive*) {
+                                       if (in.payload.size() == 4) ++*static_cast<std::size_t*>(cookie);
+                                     },
+                                     &arrived})
+              .ok());
+  const std::uint32_t word = me;
+  const std::uint32_t next = (me + 1) % n;
+  struct Done {
+    bool* done;
+    ami::Status* status;
+  } d{&remote_done, &remote_status};
+  const ami::SendParams p{.dest = {next, 0}, .dispatch = kDispatch, .header = {},
+                          .payload = std::as_bytes(std::span(&word, 1)), .local_done = {},
+                          .remote_done = {+[](void* cookie, ami::Status s) {
+                                            auto& dd = *static_cast<Done*>(cookie);
+                                            *dd.done = true;
+                                            *dd.status = s;
+                                          },
+                                          &d}};
+  ami::Status st;
+  while ((st = c.send(p)) == ami::StatusCode::no_resource) (void)c.advance();
+  REQUIRE_MESSAGE(st.ok(), ami::to_string(st));
+  CHECK_MESSAGE(advance_until(c, [&] { return arrived == 1 && remote_done; }, Clock::now() + kDeadline),
+                "rank ", me, ": the ring's message or its remote done did not come");
+  CHECK_MESSAGE(remote_status.ok(), ami::to_string(remote_status));
+  std::string why;
+  CHECK_MESSAGE(meet_everyone(c, why), why);
+  (void)c.set_dispatch(kDispatch, {});
+}
+
+TEST_CASE("addresses on first use: a ring job learns its two neighbours' addresses, no others") {
+  ami::Client client(ami::ClientOptions{.name = "ring", .contexts = 1});
+  // (Unless the environment says otherwise, or a backend in use joins only
+  // at start.)
+  if (!client.addresses_on_demand()) return;
+  CHECK(client.peers_joined() == 0);  // nothing talked yet
+  CHECK(client.describe_backends().find("addresses: each fetched from the pmix launcher") != std::string::npos);
+  ring_round(client, client.context(0));
+  const std::uint32_t neighbours = client.size() > 2 ? 2 : client.size() - 1;
+  CHECK(client.peers_joined() == neighbours);
+  INFO(client.describe_backends());
+  CHECK(client.describe_backends().find(std::to_string(neighbours) + " of " + std::to_string(client.size() - 1) +
+                                        " peer task(s) learnt so far") != std::string::npos);
+}
+
+TEST_CASE("AMI_ADDRESSES=start learns every address at creation, and the ring still runs") {
+  ami::Config config = ami::Config::from_environment();
+  REQUIRE(config.set("AMI_ADDRESSES", "start").ok());
+  ami::Client client(ami::ClientOptions{.name = "start", .contexts = 1, .config = config});
+  CHECK_FALSE(client.addresses_on_demand());
+  CHECK(client.peers_joined() == client.size() - 1);
+  ring_round(client, client.context(0));
+  CHECK(client.peers_joined() == client.size() - 1);
+}
+
+TEST_CASE("on first use, a peer with another number of contexts is refused when first used, by name") {
+  ami::Client& first = *the_client;
+  if (first.size() < 2 || !first.addresses_on_demand()) return;
+  // Rank 0 has one context, the others two: at start this would fail the
+  // creation on every rank; on first use, the lanes between rank 0 and the
+  // rest fail when first used, with unreachable.
+  const std::uint16_t contexts = first.task() == 0 ? 1 : 2;
+  ami::Client client(ami::ClientOptions{.name = "uneven", .contexts = contexts});
+  ami::Context& c = client.context(0);
+  const std::uint32_t me = client.task();
+  const std::uint32_t word = me;
+  const ami::SendParams to_zero{.dest = {0, 0}, .dispatch = kDispatch, .header = {},
+                                .payload = std::as_bytes(std::span(&word, 1))};
+  if (me != 0) {
+    const ami::Status st = c.send(to_zero);
+    CHECK(st.code() == ami::StatusCode::unreachable);
+  } else {
+    ami::SendParams to_one = to_zero;
+    to_one.dest = {1, 0};
+    CHECK(c.send(to_one).code() == ami::StatusCode::unreachable);
+  }
+  CHECK(client.peers_joined() == 0);
+  std::string why;
+  CHECK_MESSAGE(meet_everyone(c, why), why);
 }
 
 int main(int argc, char** argv) {

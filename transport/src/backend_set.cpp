@@ -162,6 +162,24 @@ std::vector<std::string> BackendSet::join(const AddressBlob& mine, const std::ve
   return why;
 }
 
+std::string BackendSet::join_one(const AddressBlob& mine, const AddressBlob& peer) {
+  if (peer.task == task_) return {};
+  std::size_t via = slots_.size();
+  std::string why = unreachable_reason(facts_of(mine), peer, via);
+  if (via == slots_.size()) return why;
+  const std::vector<std::byte>* entry = peer.entry(slots_[via].row->id);
+  try {
+    return slots_[via].backend->connect(facts_of(peer), entry ? std::span<const std::byte>(*entry)
+                                                              : std::span<const std::byte>());
+  } catch (const Error& e) {
+    return e.what();
+  }
+}
+
+bool BackendSet::connect_alone() const {
+  return std::all_of(in_use_.begin(), in_use_.end(), [](const device::Backend* b) { return b->connects_alone(); });
+}
+
 Status BackendSet::register_region(std::uint32_t region, void* address, std::size_t length,
                                    device::RegionKeys& keys) {
   for (const Slot& slot : slots_) {

@@ -40,6 +40,14 @@ class BackendSet {
   // Throws what a backend's connect() throws.
   std::vector<std::string> join(const AddressBlob& mine, const std::vector<AddressBlob>& table);
 
+  // Joins one peer, later than the rest (addresses on demand): its
+  // blob, this task's own; returns "" when it is reached, or why not (a
+  // backend's connect() that throws counts as why not). Every backend in
+  // use must connect_alone(); the caller serialises the calls.
+  std::string join_one(const AddressBlob& mine, const AddressBlob& peer);
+  // Do all backends in use allow that?
+  bool connect_alone() const;
+
   // Registers the region with every backend in use; on failure the caller
   // deregisters it from all (deregister_region).
   Status register_region(std::uint32_t region, void* address, std::size_t length, device::RegionKeys& keys);

@@ -389,6 +389,14 @@ std::vector<std::pair<std::uint32_t, int>> TcpBootstrap::peer_sockets() const {
   return out;
 }
 
+void Bootstrap::publish(std::span<const std::byte>) {
+  throw Error("bootstrap: " + std::string(name()) + " has no store to publish into: it only gathers");
+}
+
+Blob Bootstrap::fetch(std::uint32_t) const {
+  throw Error("bootstrap: " + std::string(name()) + " has no store to fetch from: it only gathers");
+}
+
 bool parse_address(std::string_view text, std::string& host, std::uint16_t& port) {
   std::string_view h, p;
   if (text.starts_with('[')) {

@@ -158,6 +158,15 @@ class Bootstrap {
   // blobs indexed by rank.
   virtual std::vector<Blob> allgather(std::span<const std::byte> mine) = 0;
   virtual void barrier() = 0;
+  // Publishing without gathering, for a bootstrap with a store each rank
+  // can read alone (PMIx): publish() makes this rank's blob readable by
+  // every rank and returns once every rank has published (all call it, as
+  // they call allgather); fetch() then reads one rank's last published
+  // blob, from any thread, when that rank is first needed. Where
+  // fetches() is false only allgather() exists: the others throw.
+  virtual bool fetches() const { return false; }
+  virtual void publish(std::span<const std::byte> mine);
+  virtual Blob fetch(std::uint32_t rank) const;
   virtual std::string_view name() const = 0;  // "tcp", "pmix"
   // Connections to peers kept open for the job's life, as (task, socket
   // descriptor), still owned by the bootstrap: one that hangs up says its

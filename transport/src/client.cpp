@@ -9,12 +9,14 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <limits>
 #include <mutex>
 #include <optional>
+#include <unordered_map>
 #include <random>
 
 #include "address_blob.hpp"
@@ -46,11 +48,14 @@ std::string hostname() {
 
 }  // namespace
 
-struct Client::Impl {
+// The Client is also its devices' PeerDirectory (ami/device/backend.hpp):
+// where a context asks about a task whose address it has not learnt.
+struct Client::Impl final : device::PeerDirectory {
   explicit Impl(ClientOptions& o, std::unique_ptr<bootstrap::Bootstrap> b)
       : boot(std::move(b)), name(std::move(o.name)), config(std::move(o.config)), options(core::Options::from(config)),
         task(boot->rank()), size(boot->size()), regions(0, task, options.max_regions),
-        backends(device::BackendSetup{task, size, o.contexts, config, regions, options.fifo_depth}) {
+        backends(device::BackendSetup{task, size, o.contexts, config, regions, options.fifo_depth, 0, this}),
+        joined(size, kUnknown) {
     regions.on_remove([this](std::uint32_t region) {
       std::lock_guard lock(registration_mutex);
       backends.deregister_region(region);
@@ -58,6 +63,9 @@ struct Client::Impl {
   }
 
   void exchange_addresses(std::uint16_t contexts);
+  bool choose_on_demand() const;
+  std::string learn(std::uint32_t peer) override;
+  void record(std::uint32_t peer, std::string why);
   Status register_region(RemoteKey& key, void* address, std::size_t length, LocalKeys& local, int shared_fd = -1);
   std::unique_ptr<detail::RegistrationCache> make_cache();
 
@@ -75,19 +83,77 @@ struct Client::Impl {
   std::mutex registration_mutex;
   device::RegionTable regions;
   detail::BackendSet backends;  // after the regions: their registrations go first
+
+  // What this task knows of each task's address: one byte each, so that a
+  // job of a million tasks costs a megabyte here; the reasons only for the
+  // tasks no backend reaches.
+  enum : std::uint8_t { kUnknown, kReached, kApart };
+  bool on_demand = false;  // addresses on first use (learn())
+  AddressBlob mine;        // this task's own, published
+  std::mutex join_mutex;   // learn(): one task's address fetched and joined once
+  std::vector<std::uint8_t> joined;
+  std::unordered_map<std::uint32_t, std::string> apart;
+  std::atomic<std::uint32_t> peers_joined{0};
+
   std::unique_ptr<detail::ConnectionWatch> connections;  // the bootstrap's, if it keeps any
   std::vector<std::unique_ptr<Context>> contexts;  // last: destroyed first
 };
 
-// Every task learns every other task's address, agrees on the job id (rank
-// 0's), and joins each peer through the first backend that joins the two.
+// On first use only when asked, or by default under a bootstrap that can
+// fetch one rank's address alone, and only when every backend in use can
+// join one peer while the contexts run.
+bool Client::Impl::choose_on_demand() const {
+  const bool possible = boot->fetches() && backends.connect_alone();
+  switch (options.addresses) {
+    case core::Addresses::start: return false;
+    case core::Addresses::automatic: return possible;
+    case core::Addresses::first_use:
+      if (!boot->fetches())
+        throw Error("Client: AMI_ADDRESSES=first_use needs a bootstrap that fetches one address alone (pmix); "
+                    "this job's is " + std::string(boot->name()));
+      if (!backends.connect_alone())
+        throw Error("Client: AMI_ADDRESSES=first_use: a backend in use joins its peers only at start "
+                    "(verbs with AMI_VERBS_CM=on, or ofi)");
+      return true;
+  }
+  return false;
+}
+
+void Client::Impl::record(std::uint32_t peer, std::string why) {
+  if (why.empty()) {
+    joined[peer] = kReached;
+    if (peer != task) peers_joined.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    joined[peer] = kApart;
+    apart[peer] = std::move(why);
+  }
+}
+
+// Every task publishes its address; on first use, that is all (besides
+// reading rank 0's, whose job id is the job's), and each peer is learnt by
+// learn() when a context first needs it. Otherwise every task learns every
+// other task's address, agrees on the job id (rank 0's), joins each peer
+// through the first backend that joins the two, and all check that the job
+// is whole.
 void Client::Impl::exchange_addresses(std::uint16_t n) {
-  AddressBlob mine{.job = random_job_id(), .task = task, .contexts = n,
-                   .pid = static_cast<std::uint32_t>(::getpid()), .boot_id = read_boot_id(),
-                   .hostname = hostname()};
+  mine = AddressBlob{.job = random_job_id(), .task = task, .contexts = n,
+                     .pid = static_cast<std::uint32_t>(::getpid()), .boot_id = read_boot_id(),
+                     .hostname = hostname()};
   backends.publish(mine);
+  joined[task] = kReached;
   if (size == 1) {
     job = mine.job;
+    regions.set_job(job);
+    return;
+  }
+  on_demand = choose_on_demand();
+  if (on_demand) {
+    boot->publish(mine.encode());
+    AddressBlob first;
+    if (task == 0) first = mine;
+    else if (Status s = AddressBlob::decode(boot->fetch(0), first); !s.ok())
+      throw Error("bootstrap: task 0 sent a bad address: " + std::string(s.what()));
+    job = first.job;
     regions.set_job(job);
     return;
   }
@@ -114,8 +180,38 @@ void Client::Impl::exchange_addresses(std::uint16_t n) {
   for (const AddressBlob& b : table) hosts.push_back(b.hostname);
   detail::check_reachability(boot->allgather(detail::encode_unreachable(mine_missing)), hosts,
                              options.reachability == core::Reachability::symmetric);
+  for (std::uint32_t t = 0; t < table.size(); ++t)
+    if (t != task) record(t, unreachable[t]);
   if (auto sockets = boot->peer_sockets(); !sockets.empty())
     connections = std::make_unique<detail::ConnectionWatch>(std::move(sockets), task, size);
+}
+
+// A task first needed: its address fetched, checked as the exchange at
+// start checks every one, and joined. Whatever fails makes the task one no
+// backend reaches, said once on stderr: the lanes to it then fail with
+// unreachable, as at start the check would have failed the job.
+std::string Client::Impl::learn(std::uint32_t peer) {
+  if (peer >= size) return "task " + std::to_string(peer) + " is not in this job of " + std::to_string(size);
+  std::lock_guard lock(join_mutex);
+  if (joined[peer] == kReached) return {};
+  if (joined[peer] == kApart) return apart[peer];
+  std::string why;  // (kUnknown happens only on first use)
+  try {
+    AddressBlob blob;
+    const Status s = AddressBlob::decode(boot->fetch(peer), blob);
+    if (!s.ok()) why = "its address is malformed: " + std::string(s.what());
+    else if (blob.task != peer) why = "its address claims to be task " + std::to_string(blob.task) + "'s";
+    else if (blob.contexts != mine.contexts)
+      why = "it has " + std::to_string(blob.contexts) + " contexts, this task " + std::to_string(mine.contexts) +
+            "; every task needs the same number";
+    else why = backends.join_one(mine, blob);
+  } catch (const Error& e) {
+    why = "its address cannot be fetched: " + std::string(e.what());
+  }
+  if (!why.empty())
+    std::fprintf(stderr, "ami: task %u: no backend reaches task %u: %s\n", task, peer, why.c_str());
+  record(peer, why);
+  return why;
 }
 
 Client::Client(ClientOptions options) {
@@ -135,7 +231,8 @@ Client::Client(ClientOptions options) {
   const std::uint32_t fifo_depth = impl_->options.fifo_depth;
   for (std::uint16_t i = 0; i < n; ++i)
     impl_->contexts.push_back(std::unique_ptr<Context>(new Context(std::make_unique<detail::ContextImpl>(
-        *this, i, impl_->backends, fifo_depth, shape, impl_->make_cache(), impl_->connections.get()))));
+        *this, i, impl_->backends, fifo_depth, shape, impl_->make_cache(), impl_->connections.get(),
+        impl_->on_demand ? impl_.get() : nullptr))));
 }
 
 // A context's registration cache, registering through the client. Idle
@@ -218,6 +315,8 @@ std::uint32_t Client::task() const { return impl_->task; }
 std::uint32_t Client::size() const { return impl_->size; }
 std::uint64_t Client::job() const { return impl_->job; }
 std::string_view Client::bootstrap_name() const { return impl_->boot->name(); }
+bool Client::addresses_on_demand() const { return impl_->on_demand; }
+std::uint32_t Client::peers_joined() const { return impl_->peers_joined.load(std::memory_order_relaxed); }
 std::uint16_t Client::context_count() const { return static_cast<std::uint16_t>(impl_->contexts.size()); }
 Context& Client::context(std::uint16_t index) { return *impl_->contexts.at(index); }
 const Config& Client::config() const { return impl_->config; }
@@ -225,6 +324,10 @@ const Config& Client::config() const { return impl_->config; }
 std::string Client::describe_backends() const {
   const protocol::Options o = protocol::Options::from(impl_->config);
   std::string out = impl_->backends.describe();
+  const std::string peers = std::to_string(peers_joined()) + " of " + std::to_string(impl_->size - 1) + " peer task(s)";
+  out += impl_->on_demand ? "addresses: each fetched from the " + std::string(bootstrap_name()) +
+                                " launcher when first needed; " + peers + " learnt so far\n"
+                          : "addresses: every task's exchanged at start; " + peers + " joined\n";
   // Every lane above is one ring or one RC queue pair: it delivers in order.
   out += "fence: a message behind the earlier operations (every lane delivers in order; a lane that "
          "may reorder would be flushed instead)\n";

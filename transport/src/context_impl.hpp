@@ -18,22 +18,28 @@ namespace ami::detail {
 
 struct ContextImpl {
   // One device from each backend in use, in the registry's order (the
-  // engine's priority order). A backend that reaches no task gets none:
-  // its progress would only ever find nothing.
+  // engine's priority order). When every address was learnt at start, a
+  // backend that reaches no task gets none: its progress would only ever
+  // find nothing. With addresses on demand (directory set) any backend may
+  // come to reach a task, and the engine asks the directory about a task
+  // no device reaches yet.
   ContextImpl(Client& client, std::uint16_t index, const BackendSet& backends, std::uint32_t fifo_depth,
               protocol::AmEngine::Shape shape, std::unique_ptr<RegistrationCache> cache,
-              ConnectionWatch* connections)
+              ConnectionWatch* connections, device::PeerDirectory* directory)
       : client(client), index(index), connections(connections), backends(backends),
-        devices(make_devices(backends, index, fifo_depth)), cache(std::move(cache)), engine(shape, stats) {
+        devices(make_devices(backends, index, fifo_depth, directory != nullptr)), cache(std::move(cache)),
+        engine(shape, stats) {
     engine.set_registrar(this->cache.get());
+    engine.set_directory(directory);
     for (const auto& d : devices) engine.add_device(*d);
   }
 
   static std::vector<std::unique_ptr<device::Device>> make_devices(const BackendSet& backends,
-                                                                   std::uint16_t index, std::uint32_t fifo_depth) {
+                                                                   std::uint16_t index, std::uint32_t fifo_depth,
+                                                                   bool on_demand) {
     std::vector<std::unique_ptr<device::Device>> out;
     for (device::Backend* b : backends.in_use())
-      if (b->tasks_reached() > 0) out.push_back(b->make_device(index, fifo_depth));
+      if (on_demand || b->tasks_reached() > 0) out.push_back(b->make_device(index, fifo_depth));
     return out;
   }
 

@@ -43,6 +43,13 @@ inline constexpr ParamSpec kParams[] = {
      "reach another (AMI_BACKENDS, another host without verbs, a segment it cannot map); symmetric: "
      "tasks may be apart, for a job whose tasks only watch each other, but never one way only.",
      false, "all|symmetric"},
+    {"AMI_ADDRESSES", "auto", ParamType::choice, 0, 0,
+     "When a task learns its peers' addresses: start (every address at the Client's creation, and "
+     "the AMI_REACHABILITY check), first_use (a peer's address is fetched from the PMIx launcher "
+     "when this task first talks to it or hears from it; a peer no backend reaches then fails at "
+     "that first use), or auto: first_use under PMIx when every backend in use can join a peer "
+     "alone (not verbs with AMI_VERBS_CM=on, not ofi), start otherwise. The TCP bootstrap always "
+     "exchanges them at start.", false, "auto|start|first_use"},
     {"AMI_MAX_REGIONS", "4096", ParamType::unsigned_int, 1, 1u << 20,
      "Memory registrations a client holds at once, at most 1048576."},
     {"AMI_RCACHE_MAX_ENTRIES", "256", ParamType::unsigned_int, 1, 1u << 20,
@@ -62,6 +69,7 @@ static_assert(Param("AMI_RANK").spec().max == Param("AMI_SIZE").spec().max - 1,
               "every rank of the largest job is a valid AMI_RANK");
 
 enum class Reachability : std::uint8_t { all, symmetric };  // AMI_REACHABILITY's words, in order
+enum class Addresses : std::uint8_t { automatic, start, first_use };  // AMI_ADDRESSES's words, in order
 
 // The core's settings, typed, with the rows' defaults. The job (AMI_RANK,
 // AMI_SIZE, AMI_BOOTSTRAP, AMI_JOB_KEY, AMI_BOOTSTRAP_MODE) and AMI_BACKENDS
@@ -71,6 +79,7 @@ struct Options {
   std::uint32_t fifo_depth = Param("AMI_FIFO_DEPTH").default_as<std::uint32_t>();
   std::uint32_t bootstrap_timeout_ms = Param("AMI_BOOTSTRAP_TIMEOUT").default_as<std::uint32_t>();
   Reachability reachability = Param("AMI_REACHABILITY").default_as<Reachability>();
+  Addresses addresses = Param("AMI_ADDRESSES").default_as<Addresses>();
   std::uint32_t max_regions = Param("AMI_MAX_REGIONS").default_as<std::uint32_t>();
   std::uint32_t rcache_max_entries = Param("AMI_RCACHE_MAX_ENTRIES").default_as<std::uint32_t>();
   std::uint64_t rcache_max_mb = Param("AMI_RCACHE_MAX_MB").default_as();
@@ -82,6 +91,7 @@ struct Options {
     o.fifo_depth = u32("AMI_FIFO_DEPTH");
     o.bootstrap_timeout_ms = u32("AMI_BOOTSTRAP_TIMEOUT");
     o.reachability = static_cast<Reachability>(c.number(Param("AMI_REACHABILITY")));
+    o.addresses = static_cast<Addresses>(c.number(Param("AMI_ADDRESSES")));
     o.max_regions = u32("AMI_MAX_REGIONS");
     o.rcache_max_entries = u32("AMI_RCACHE_MAX_ENTRIES");
     o.rcache_max_mb = c.number(Param("AMI_RCACHE_MAX_MB"));

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -102,7 +103,13 @@ struct PmixBootstrap::Impl {
   std::uint32_t size = 0;
   int timeout_seconds;
   std::uint32_t instance;
-  std::uint32_t rounds = 0;  // allgathers so far: the last part of each key
+  std::uint32_t rounds = 0;  // allgathers and publishes so far: the last part of each key
+  mutable std::mutex published_mutex;  // fetch() may come from any thread
+  std::string published;               // the key of the last publish(), "" before it
+
+  std::string next_key() { return "ami.blob." + std::to_string(instance) + "." + std::to_string(rounds++); }
+  void put(std::span<const std::byte> mine, const std::string& key) const;
+  Blob read(std::uint32_t r, const std::string& key) const;
 
   std::string prefix() const {
     return "bootstrap: pmix rank " + std::to_string(self.rank) + " of namespace " + nspace + ": ";
@@ -157,40 +164,69 @@ std::uint32_t PmixBootstrap::rank() const { return impl_->self.rank; }
 std::uint32_t PmixBootstrap::size() const { return impl_->size; }
 const std::string& PmixBootstrap::nspace() const { return impl_->nspace; }
 
-std::vector<Blob> PmixBootstrap::allgather(std::span<const std::byte> mine) {
-  const Impl& m = *impl_;
+// Puts the blob under the key, commits it: readable by every rank once
+// the next fence has passed.
+void PmixBootstrap::Impl::put(std::span<const std::byte> mine, const std::string& key) const {
   if (mine.size() > kMaxBlobBytes)
-    throw Error(m.prefix() + "a blob of " + std::to_string(mine.size()) + " bytes exceeds the limit of " +
+    throw Error(prefix() + "a blob of " + std::to_string(mine.size()) + " bytes exceeds the limit of " +
                 std::to_string(kMaxBlobBytes));
-  const std::string key = "ami.blob." + std::to_string(m.instance) + "." + std::to_string(impl_->rounds++);
-
   // PMIx_Put copies the value: it may point at the caller's bytes.
   pmix_value_t value;
   PMIX_VALUE_CONSTRUCT(&value);
   value.type = PMIX_BYTE_OBJECT;
   value.data.bo.bytes = const_cast<char*>(reinterpret_cast<const char*>(mine.data()));
   value.data.bo.size = mine.size();
-  m.check(PMIx_Put(PMIX_GLOBAL, key.c_str(), &value), "PMIx_Put", "publishing this rank's blob as " + key);
-  m.check(PMIx_Commit(), "PMIx_Commit", "publishing this rank's blob as " + key);
-  m.fence(true, "collecting every rank's blob " + key);
+  check(PMIx_Put(PMIX_GLOBAL, key.c_str(), &value), "PMIx_Put", "publishing this rank's blob as " + key);
+  check(PMIx_Commit(), "PMIx_Commit", "publishing this rank's blob as " + key);
+}
 
+// Rank r's blob under the key, checked to be one.
+Blob PmixBootstrap::Impl::read(std::uint32_t r, const std::string& key) const {
+  const std::string step = "reading rank " + std::to_string(r) + "'s blob " + key;
+  const Value v = get(proc(r), key.c_str(), step);
+  if (v->type != PMIX_BYTE_OBJECT)
+    throw Error(prefix() + "rank " + std::to_string(r) + "'s blob " + key + " is not a byte object (type " +
+                std::to_string(v->type) + ")");
+  const pmix_byte_object_t& bo = v->data.bo;
+  if (bo.size > kMaxBlobBytes)
+    throw Error(prefix() + "rank " + std::to_string(r) + "'s blob of " + std::to_string(bo.size) +
+                " bytes exceeds the limit of " + std::to_string(kMaxBlobBytes));
+  const auto* bytes = reinterpret_cast<const std::byte*>(bo.bytes);
+  return bo.size != 0 ? Blob(bytes, bytes + bo.size) : Blob();
+}
+
+std::vector<Blob> PmixBootstrap::allgather(std::span<const std::byte> mine) {
+  Impl& m = *impl_;
+  const std::string key = m.next_key();
+  m.put(mine, key);
+  m.fence(true, "collecting every rank's blob " + key);
   std::vector<Blob> all(m.size);
   all[m.self.rank].assign(mine.begin(), mine.end());
-  for (std::uint32_t r = 0; r < m.size; ++r) {
-    if (r == m.self.rank) continue;
-    const std::string step = "reading rank " + std::to_string(r) + "'s blob " + key;
-    const Value v = m.get(m.proc(r), key.c_str(), step);
-    if (v->type != PMIX_BYTE_OBJECT)
-      throw Error(m.prefix() + "rank " + std::to_string(r) + "'s blob " + key + " is not a byte object (type " +
-                  std::to_string(v->type) + ")");
-    const pmix_byte_object_t& bo = v->data.bo;
-    if (bo.size > kMaxBlobBytes)
-      throw Error(m.prefix() + "rank " + std::to_string(r) + "'s blob of " + std::to_string(bo.size) +
-                  " bytes exceeds the limit of " + std::to_string(kMaxBlobBytes));
-    const auto* bytes = reinterpret_cast<const std::byte*>(bo.bytes);
-    if (bo.size != 0) all[r].assign(bytes, bytes + bo.size);
-  }
+  for (std::uint32_t r = 0; r < m.size; ++r)
+    if (r != m.self.rank) all[r] = m.read(r, key);
   return all;
+}
+
+void PmixBootstrap::publish(std::span<const std::byte> mine) {
+  Impl& m = *impl_;
+  const std::string key = m.next_key();
+  m.put(mine, key);
+  m.fence(false, "every rank publishing its blob " + key);
+  std::lock_guard lock(m.published_mutex);
+  m.published = key;
+}
+
+Blob PmixBootstrap::fetch(std::uint32_t rank) const {
+  const Impl& m = *impl_;
+  if (rank >= m.size)
+    throw Error(m.prefix() + "no rank " + std::to_string(rank) + " in a job of " + std::to_string(m.size));
+  std::string key;
+  {
+    std::lock_guard lock(m.published_mutex);
+    key = m.published;
+  }
+  if (key.empty()) throw Error(m.prefix() + "fetch of rank " + std::to_string(rank) + " before publish()");
+  return m.read(rank, key);
 }
 
 void PmixBootstrap::barrier() { impl_->fence(false, "barrier"); }

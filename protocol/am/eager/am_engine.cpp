@@ -61,8 +61,15 @@ std::size_t immediate_bytes(const device::Lane& lane) {
 }
 }  // namespace
 
+// The first device that reaches the peer makes the lane. None may yet
+// because its task's address was never needed: the directory learns it
+// (blocking while it is fetched), once, and the devices are asked again.
 device::Lane* AmEngine::make_lane(Peer& peer) {
   const Endpoint e = endpoint_of(peer);
+  const auto reaches = [e](const device::Device* d) { return d->can_reach(e); };
+  if (directory_ != nullptr && std::none_of(devices_.begin(), devices_.end(), reaches) &&
+      !directory_->learn(e.task).empty())
+    return nullptr;
   for (device::Device* d : devices_) {
     if (!d->can_reach(e)) continue;
     device::Lane* lane = d->lane(e);

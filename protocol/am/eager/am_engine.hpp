@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "ami/device/device.hpp"
+#include "ami/device/peer_directory.hpp"
 #include "ami/device/registrar.hpp"
 #include "ami/dispatch.hpp"
 #include "ami/params.hpp"
@@ -93,6 +94,9 @@ class AmEngine final : public device::PacketSink {
   }
   // Without a registrar only buffers given with their Memory can be stopped.
   void set_registrar(device::Registrar* registrar) { registrar_ = registrar; }
+  // Where a task no device reaches yet is looked up (addresses learnt on
+  // first use); null when every address was learnt at start.
+  void set_directory(device::PeerDirectory* directory) { directory_ = directory; }
 
   Status set_dispatch(std::uint16_t id, Dispatch dispatch);
   Status send(const SendParams& p);
@@ -400,6 +404,7 @@ class AmEngine final : public device::PacketSink {
   Shape shape_;
   ContextStats& stats_;
   device::Registrar* registrar_ = nullptr;
+  device::PeerDirectory* directory_ = nullptr;
   std::vector<device::Device*> devices_;
   std::vector<device::Device*> polled_;  // those advance() polls, flushes, asks for credit
   std::vector<Peer> peers_;           // by task * contexts + context; never resized

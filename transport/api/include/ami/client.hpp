@@ -79,6 +79,11 @@ class Client {
   std::uint32_t size() const;   // tasks in the job
   std::uint64_t job() const;    // identifies this job in remote keys
   std::string_view bootstrap_name() const;  // how the tasks found each other: "tcp" or "pmix"
+  // Are peers' addresses learnt on first use (AMI_ADDRESSES), not all at
+  // creation? And how many other tasks this one has learnt and joined so
+  // far: size() - 1 from creation on when not on first use.
+  bool addresses_on_demand() const;
+  std::uint32_t peers_joined() const;
   std::uint16_t context_count() const;
   Context& context(std::uint16_t index);
   const Config& config() const;

@@ -18,7 +18,12 @@
 // not try it either.
 //
 // Setup calls (everything but make_device's Device) are made by the Client
-// under its own serialisation; the data path never calls them.
+// under its own serialisation. When the job's addresses are fetched on first
+// use (docs/DESIGN.md, "Addresses on demand"), connect() is one of them too,
+// but it may come at any time after the contexts exist, from any context's
+// thread, while the data path runs: a backend that allows that says so by
+// connects_alone(), and publishes what connect() learnt to its devices with
+// release/acquire.
 #pragma once
 
 #include <cstddef>
@@ -32,6 +37,7 @@
 #include "ami/callback.hpp"
 #include "ami/config.hpp"
 #include "ami/device/device.hpp"
+#include "ami/device/peer_directory.hpp"
 #include "ami/device/reception_queue.hpp"
 #include "ami/device/region_table.hpp"
 #include "ami/status.hpp"
@@ -52,6 +58,9 @@ struct BackendSetup {
   // The registry's id of the backend opened: its entry in a RemoteKey and
   // its index in LocalKeys (memory.hpp).
   std::uint8_t id = 0;
+  // The Client's, for a device hearing from a task not learnt yet; never
+  // null once the Client has opened its backends.
+  PeerDirectory* directory = nullptr;
 };
 
 // What every task publishes besides its backends' entries.
@@ -115,9 +124,16 @@ class Backend {
   // peer is reached, or why not ("its shared-memory segment cannot be
   // used: ..."): the reachability check reports it. Throws ami::Error for a
   // failure that must end the Client's creation at once (a peer left
-  // waiting in a connection handshake). Called for the peers in increasing
-  // task order, the same on every task.
+  // waiting in a connection handshake). At setup it is called for the
+  // peers in increasing task order, the same on every task; on demand, for
+  // one peer when first needed (then a throw fails that peer only).
   virtual std::string connect(const TaskFacts& peer, std::span<const std::byte> peer_entry) = 0;
+
+  // May connect() be called for one peer alone, at any time, while the
+  // contexts run (addresses on demand)? No for a backend that joins peers
+  // collectively at setup (rdma_cm's ordered connects), or whose devices
+  // could not take a peer added under them.
+  virtual bool connects_alone() const { return true; }
 
   // Does it reach that task? tasks_reached(): how many it reaches; the own
   // task counts for a backend that serves it. A backend that reaches none
