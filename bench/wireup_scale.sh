@@ -140,15 +140,16 @@ else
   echo "(no Open MPI mpirun here: the PMIx ring is not run)"
 fi
 if ((RXE)); then
-  echo "ring of 8 tasks over verbs in the soft-RoCE VM (handshake on first use; then rdma_cm, every lane at"
-  echo "setup; then under mpirun, addresses fetched on first use and the handshake):"
+  echo "ring of 8 tasks over verbs in the soft-RoCE VM (the handshake on first use; then rdma_cm on first"
+  echo "use; then under mpirun, addresses fetched on first use, by each):"
   build_abs=$(cd "$BUILD" && pwd)
   shares=(--share "$PWD")
   [[ $build_abs == "$PWD"/* ]] || shares+=(--share "$build_abs")
   pmix_ring=true
-  ((have_mpirun)) && pmix_ring="LAUNCHER=mpirun bench/wireup_ring.sh '$build_abs' 8 AMI_BACKENDS=self,verbs | tail -1"
+  ((have_mpirun)) && pmix_ring="LAUNCHER=mpirun bench/wireup_ring.sh '$build_abs' 8 AMI_BACKENDS=self,verbs AMI_VERBS_CM=off | tail -1 &&
+    LAUNCHER=mpirun bench/wireup_ring.sh '$build_abs' 8 AMI_BACKENDS=self,verbs AMI_VERBS_CM=on | tail -1"
   tests/rxe/ami-vm --timeout 600 "${shares[@]}" -- \
-    bash -c "cd '$PWD' && bench/wireup_ring.sh '$build_abs' 8 AMI_BACKENDS=self,verbs | tail -1 &&
+    bash -c "cd '$PWD' && bench/wireup_ring.sh '$build_abs' 8 AMI_BACKENDS=self,verbs AMI_VERBS_CM=off | tail -1 &&
              bench/wireup_ring.sh '$build_abs' 8 AMI_BACKENDS=self,verbs AMI_VERBS_CM=on | tail -1 &&
              $pmix_ring"
 fi

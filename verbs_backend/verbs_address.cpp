@@ -15,10 +15,10 @@ using ami::detail::store;
 
 // magic u32, version u16, method u8, link layer u8, mtu u8, rd_atomic u8,
 // lid u16, contexts u16, reserved u16, task u32, tasks u32, bounce u32,
-// gid[16], nonce u64, ip family u8, reserved u8, cm port u16, ip[16]; then,
-// for the handshake, one UD QP number (u32) per context.
+// gid[16], nonce u64, ip family u8, reserved u8, reserved u16, ip[16]; then
+// per context a u32: its UD QP number (handshake) or its rdma_cm port.
 std::vector<std::byte> DomainAddress::encode() const {
-  std::vector<std::byte> out(kFixedBytes + ud_qpns.size() * kUdQpnBytes);
+  std::vector<std::byte> out(kFixedBytes + rendezvous.size() * kRendezvousBytes);
   std::byte* p = out.data();
   store(p, kMagic);
   store(p, kVersion);
@@ -37,10 +37,10 @@ std::vector<std::byte> DomainAddress::encode() const {
   store(p, nonce);
   store(p, ip_family);
   store(p, std::uint8_t{0});
-  store(p, cm_port);
+  store(p, std::uint16_t{0});
   std::memcpy(p, ip.data(), ip.size());
   p += ip.size();
-  for (std::uint32_t qpn : ud_qpns) store(p, qpn);
+  for (std::uint32_t r : rendezvous) store(p, r);
   return out;
 }
 
@@ -70,7 +70,7 @@ Status DomainAddress::decode(std::span<const std::byte> bytes, DomainAddress& ou
   a.nonce = load<std::uint64_t>(p);
   a.ip_family = load<std::uint8_t>(p);
   (void)load<std::uint8_t>(p);
-  a.cm_port = load<std::uint16_t>(p);
+  (void)load<std::uint16_t>(p);
   std::memcpy(a.ip.data(), p, a.ip.size());
   p += a.ip.size();
 
@@ -79,21 +79,17 @@ Status DomainAddress::decode(std::span<const std::byte> bytes, DomainAddress& ou
   if (a.link_layer != IBV_LINK_LAYER_INFINIBAND && a.link_layer != IBV_LINK_LAYER_ETHERNET)
     return {StatusCode::malformed_packet, "verbs address: unknown link layer"};
   if (a.mtu < 1 || a.mtu > 5) return {StatusCode::malformed_packet, "verbs address: bad MTU"};
-  const std::size_t rest = bytes.size() - kFixedBytes;
-  if (a.method == ConnectMethod::rdma_cm) {
-    if (rest != 0) return {StatusCode::malformed_packet, "verbs address: rdma_cm address carries UD queue pairs"};
-    if (a.ip_family != 4 && a.ip_family != 6)
-      return {StatusCode::malformed_packet, "verbs address: rdma_cm address without an IP address"};
-    out = std::move(a);
-    return Status::success();
-  }
-  if (rest != std::size_t{a.contexts} * kUdQpnBytes)
+  if (bytes.size() - kFixedBytes != std::size_t{a.contexts} * kRendezvousBytes)
     return {StatusCode::malformed_packet, "verbs address: length does not match its context count"};
-  a.ud_qpns.resize(a.contexts);
-  for (std::uint32_t& qpn : a.ud_qpns) {
-    qpn = load<std::uint32_t>(p);
-    if (qpn == 0 || qpn > 0xFFFFFF)
-      return {StatusCode::malformed_packet, "verbs address: UD QP number zero or wider than 24 bits"};
+  const bool cm = a.method == ConnectMethod::rdma_cm;
+  if (cm && a.ip_family != 4 && a.ip_family != 6)
+    return {StatusCode::malformed_packet, "verbs address: rdma_cm address without an IP address"};
+  a.rendezvous.resize(a.contexts);
+  for (std::uint32_t& r : a.rendezvous) {
+    r = load<std::uint32_t>(p);
+    if (r == 0 || r > (cm ? 0xFFFFu : 0xFFFFFFu))
+      return {StatusCode::malformed_packet, cm ? "verbs address: rdma_cm port zero or wider than 16 bits"
+                                               : "verbs address: UD QP number zero or wider than 24 bits"};
   }
   out = std::move(a);
   return Status::success();

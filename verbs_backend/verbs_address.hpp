@@ -4,10 +4,10 @@
 //
 // Little-endian, the same size whatever the job's size: the port (link
 // layer, LID, GID, MTU), the largest packet it receives, a nonce its
-// connection messages carry, then either the QP number of each context's
-// UD queue pair, where a peer sends its connection request (the handshake,
-// verbs_handshake.hpp), or with rdma_cm the IP address and port its
-// connection manager listens on. No queue pair of any lane exists when the
+// connection messages carry, with rdma_cm the IP address its connection
+// manager listens on, then one number per context: where that context
+// takes connection requests, the QP number of its UD queue pair (the
+// handshake, verbs_handshake.hpp) or the port its rdma_cm id listens on. No queue pair of any lane exists when the
 // address is published. decode() treats the bytes as untrusted and names the
 // first problem; whether they fit this task's job is VerbsDomain::connect()'s
 // to judge.
@@ -27,9 +27,9 @@ enum class ConnectMethod : std::uint8_t { handshake = 1, rdma_cm = 2 };
 
 struct DomainAddress {
   static constexpr std::uint32_t kMagic = 0x31425641;  // "AVB1"
-  static constexpr std::uint16_t kVersion = 2;
+  static constexpr std::uint16_t kVersion = 3;
   static constexpr std::size_t kFixedBytes = 72;
-  static constexpr std::size_t kUdQpnBytes = 4;
+  static constexpr std::size_t kRendezvousBytes = 4;
 
   ConnectMethod method = ConnectMethod::handshake;
   std::uint8_t link_layer = 0;  // IBV_LINK_LAYER_INFINIBAND or _ETHERNET
@@ -43,11 +43,11 @@ struct DomainAddress {
   std::array<std::uint8_t, 16> gid{};
   // The token its connection messages carry (both methods).
   std::uint64_t nonce = 0;
-  // rdma_cm: where it listens.
+  // rdma_cm: the IP address it listens on.
   std::uint8_t ip_family = 0;  // 4 or 6; 0 without rdma_cm
-  std::uint16_t cm_port = 0;
   std::array<std::uint8_t, 16> ip{};
-  std::vector<std::uint32_t> ud_qpns;  // handshake only: one per context
+  // One per context: its UD QP number (handshake) or its rdma_cm port.
+  std::vector<std::uint32_t> rendezvous;
 
   std::vector<std::byte> encode() const;
   static Status decode(std::span<const std::byte> bytes, DomainAddress& out);

@@ -74,20 +74,14 @@ class VerbsBackend final : public device::Backend {
     return false;
   }
 
-  // A failure ends the Client's creation here: with rdma_cm the peer waits
-  // in its own connect() for this task, and the tasks after it for both.
-  // (On demand the Client takes the throw as the reason this peer is not
-  // reached.)
+  // Learns the peer (either method connects its lanes on first use); an
+  // address that does not fit leaves it unreachable, and says why.
   std::string connect(const device::TaskFacts& peer, std::span<const std::byte> entry) override {
     Status s = domain_.connect(peer.task, entry);
-    if (!s.ok())
-      throw Error("Client: cannot connect to task " + std::to_string(peer.task) + " (" +
-                  std::string(peer.hostname) + ") by verbs: " + to_string(s));
+    if (!s.ok()) return "verbs cannot connect to it: " + to_string(s);
     peers_.fetch_add(1, std::memory_order_relaxed);
     return {};
   }
-  // The handshake learns a peer alone; rdma_cm connects every pair at setup.
-  bool connects_alone() const override { return domain_.method() == ConnectMethod::handshake; }
 
   bool reaches(std::uint32_t task) const override { return domain_.knows(task); }
   std::uint32_t tasks_reached() const override { return peers_.load(std::memory_order_relaxed); }

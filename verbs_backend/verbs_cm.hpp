@@ -1,113 +1,96 @@
-// verbs_backend/verbs_cm.hpp — connecting lanes through librdmacm, the
-// default on RoCE.
+// verbs_backend/verbs_cm.hpp — connecting a lane's queue pair on first use
+// through librdmacm, for fabrics where IP routing must find the path
+// (AMI_VERBS_CM=on; RoCE only).
 //
-// The domain's queue pairs stay its own (created with ibv_create_qp, not
-// rdma_create_qp); the connection manager only negotiates, and each QP is
-// moved to RTR and RTS with the attributes rdma_init_qp_attr() returns. The
-// lower task of a pair is active: it resolves, connects and establishes one
-// connection per (own context, peer context); the higher one listens and
-// accepts. Requests carry the sender's task, contexts and the nonce it
-// published, and are accepted only once connect() for that task has the
-// published address to check them against; until then they wait.
+// Each context has its own event channel and an rdma_cm id listening on a
+// port of its own, published in the task's address beside the port's IP
+// address, so everything about one context's connections arrives on its
+// own channel and is handled by its own progress(), as the UD handshake's
+// messages arrive on its own CQ (verbs_handshake.hpp). The domain's queue
+// pairs stay its own (ibv_create_qp, not rdma_create_qp): the connection
+// manager only negotiates, and each QP is moved to RTR and RTS with the
+// attributes rdma_init_qp_attr() returns.
 //
-// Every connection is an explicit state machine with named states and one
-// function per transition; failures and state names go to the log. Blocking:
-// connect() pumps the event channel until every lane to the peer is
-// established, one fails, or connect_timeout_ms passes. Call connect() for
-// the peers in increasing task order on every task.
+// The context that first talks to a peer context makes its QP at INIT,
+// resolves the peer's address and route and connects; the request carries
+// the sender's task, contexts and the nonce it published. The peer makes
+// its QP, brings it to RTS and accepts; the requester brings its QP up on
+// the reply and establishes. The accepting side posts nothing until the
+// connection is established (or the requester's first packet arrives), so
+// no work request reaches a QP still at INIT. Both contexts asking at once:
+// the lower task's request stands; the lower task rejects the higher one's,
+// and the higher one gives up its own (its id is retired) and accepts. A
+// rejection from a lower task is that: it then waits for the lower task's
+// request. The higher task answers with a fresh queue pair: the lower
+// task's connection manager saw the old one's number in the request it
+// refused, and would take a reply naming it for a stale connection. The connection manager repeats its own messages, so nothing is
+// sent again here; no connection within connect_timeout_ms fails the lane
+// as a broken lane does.
+//
+// Requests are untrusted: one that is not from a task of this job, with the
+// nonce that task published, naming this context, is rejected and counted.
+// A request from a task not learnt yet has its address fetched first
+// (VerbsDomain::learn_on_demand).
+//
+// The channel is read without blocking: while a connection is being made,
+// at every progress(); otherwise at most once per coarse clock tick, since
+// a read costs a system call and an idle context only waits for requests.
 #pragma once
 
 #include <rdma/rdma_cma.h>
 
 #include <array>
-#include <chrono>
+#include <cstddef>
 #include <cstdint>
-#include <vector>
+#include <optional>
+#include <span>
 
 #include "verbs_domain.hpp"
 
 namespace ami::verbs {
 
+// What a connection request carries (private data).
+struct CmHello {
+  static constexpr std::uint32_t kMagic = 0x32435641;  // "AVC2"
+  static constexpr std::size_t kBytes = 20;
+  std::uint32_t task = 0;
+  std::uint16_t context = 0;       // the sender's
+  std::uint16_t peer_context = 0;  // the receiver's
+  std::uint64_t nonce = 0;         // what the sender published
+
+  void encode(std::span<std::byte, kBytes> out) const;
+  static std::optional<CmHello> decode(const void* data, std::size_t length);
+};
+
+// The domain's share: the port's IP address and what every context's
+// connections are made with.
 class CmConnector {
  public:
-  explicit CmConnector(VerbsDomain& domain);  // binds and listens; throws ami::Error
-  ~CmConnector();
-  CmConnector(const CmConnector&) = delete;
-  CmConnector& operator=(const CmConnector&) = delete;
+  // Checks that the port holds a routable IP address; throws ami::Error.
+  explicit CmConnector(VerbsDomain& domain);
 
-  std::uint64_t nonce() const { return nonce_; }
   std::uint8_t ip_family() const { return ip_family_; }
   const std::array<std::uint8_t, 16>& ip() const { return ip_; }
-  std::uint16_t port() const { return port_; }
 
-  Status connect(std::uint32_t peer, const DomainAddress& address);
+  // A context's non-blocking event channel and its listening id, on a port
+  // the kernel picks; throws ami::Error.
+  void listen(ContextQueues& q) const;
+  // An id on q's channel, resolving the address of the peer context that
+  // listens on port at the port whose GID is gid (on RoCE the GID holds its
+  // IP address, as this task's does); its events carry tag. 0 or an errno
+  // value.
+  int start(ContextQueues& q, CmIdOwner& id, void* tag, const std::array<std::uint8_t, 16>& gid,
+            std::uint16_t port) const;
+  // The parameters of rdma_connect / rdma_accept for qp.
+  rdma_conn_param conn_param(ibv_qp* qp) const;
 
  private:
-  enum class State : std::uint8_t {
-    awaiting_request,   // passive: the peer's request has not come yet
-    resolving_address,  // active: rdma_resolve_addr issued
-    resolving_route,    // active: rdma_resolve_route issued
-    connecting,         // active: rdma_connect issued, waiting for the reply
-    accepting,          // passive: QP at RTS, rdma_accept issued
-    established,
-    failed,
-  };
-  static const char* name(State s);
-
-  // What a connection request carries (private data).
-  struct Hello {
-    static constexpr std::uint32_t kMagic = 0x31435641;  // "AVC1"
-    static constexpr std::size_t kBytes = 20;
-    std::uint32_t task = 0;
-    std::uint16_t context = 0;       // the sender's
-    std::uint16_t peer_context = 0;  // the receiver's
-    std::uint64_t nonce = 0;         // what the sender published
-  };
-  struct Connection {
-    State state = State::awaiting_request;
-    CmIdOwner id;
-    std::uint16_t context = 0;
-    std::uint16_t peer_context = 0;
-  };
-  struct Session {
-    std::uint32_t peer;
-    const DomainAddress& address;
-    std::vector<Connection> lanes;  // [context * contexts + peer context]
-    const char* failure = nullptr;
-  };
-  struct Request {
-    CmIdOwner id;
-    Hello hello;
-    std::uint8_t initiator_depth;
-    std::uint8_t responder_resources;
-  };
-
-  // transitions
-  void start_active(Session& s, Connection& c);
-  void on_address_resolved(Session& s, Connection& c);
-  void on_route_resolved(Session& s, Connection& c);
-  void on_connect_response(Session& s, Connection& c);
-  void on_established(Connection& c);
-  CmIdOwner on_request(Session* s, rdma_cm_event& e);
-  CmIdOwner accept(Session& s, Request r);
-  void fail(Session& s, Connection& c, const char* what, int err);
-
-  Status pump(Session& s, std::chrono::steady_clock::time_point deadline);
-  CmIdOwner handle(Session* s, rdma_cm_event& e);
-  ibv_qp* qp_for(std::uint16_t context, std::uint32_t peer, std::uint16_t peer_context) const;
-  rdma_conn_param conn_param(ibv_qp* qp) const;
   bool fill_sockaddr(sockaddr_storage& out, std::uint8_t family, const std::array<std::uint8_t, 16>& ip,
                      std::uint16_t port) const;
 
   VerbsDomain& domain_;
-  std::uint64_t nonce_ = 0;
   std::uint8_t ip_family_ = 0;
   std::array<std::uint8_t, 16> ip_{};
-  std::uint16_t port_ = 0;
-  CmChannelOwner channel_;
-  CmIdOwner listener_;
-  std::vector<Request> waiting_;        // requests from tasks not being connected yet
-  std::vector<CmIdOwner> connections_;  // established: kept for the domain's life
 };
 
 }  // namespace ami::verbs

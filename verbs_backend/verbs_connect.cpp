@@ -1,6 +1,5 @@
 // verbs_backend/verbs_connect.cpp — queue pair transitions, the address a
-// task publishes, and learning a peer from its address (connecting every
-// lane to it at once with rdma_cm).
+// task publishes, and learning a peer from its address.
 #include <rdma/rdma_cma.h>
 
 #include <algorithm>
@@ -96,13 +95,12 @@ std::vector<std::byte> VerbsDomain::local_address() const {
   std::memcpy(a.gid.data(), port_.gid.raw, a.gid.size());
   a.nonce = nonce_;
   if (method_ == ConnectMethod::rdma_cm) {
-    a.nonce = cm_->nonce();
     a.ip_family = cm_->ip_family();
     a.ip = cm_->ip();
-    a.cm_port = cm_->port();
-    return a.encode();
+    for (const auto& q : queues_) a.rendezvous.push_back(q->cm_port);
+  } else {
+    for (const auto& q : queues_) a.rendezvous.push_back(q->ud->qp_num);
   }
-  for (const auto& q : queues_) a.ud_qpns.push_back(q->ud->qp_num);
   return a.encode();
 }
 
@@ -129,34 +127,16 @@ Status VerbsDomain::check_peer(std::uint32_t peer_task, const DomainAddress& a) 
   return Status::success();
 }
 
-// The handshake needs nothing but the peer's address until a context first
-// talks to it; rdma_cm connects every lane to it now.
+// Either method needs nothing but the peer's address until a context first
+// talks to it.
 Status VerbsDomain::connect(std::uint32_t peer_task, std::span<const std::byte> peer_address) {
   DomainAddress a;
   Status s = DomainAddress::decode(peer_address, a);
   if (!s.ok()) return s;
   s = check_peer(peer_task, a);
   if (!s.ok()) return s;
-  if (method_ == ConnectMethod::handshake) {
-    learn(peer_task, a);
-    return Status::success();
-  }
-  try {
-    for (std::uint16_t c = 0; c < contexts_; ++c)
-      for (std::uint16_t d = 0; d < contexts_; ++d) (void)new_connection(c, Endpoint{peer_task, d}, true);
-  } catch (const Error& e) {
-    log("rdma_cm: queue pairs to task %u: %s", peer_task, e.what());
-    s = {StatusCode::device_error, "verbs: rdma_cm: the queue pairs cannot be made (see the log)"};
-  }
-  if (s.ok()) s = cm_->connect(peer_task, a);
-  for (std::uint16_t c = 0; c < contexts_; ++c)
-    for (std::uint16_t d = 0; d < contexts_; ++d) {
-      auto& connections = queues_[c]->connections;
-      auto it = connections.find(static_cast<std::uint32_t>(lane_index(Endpoint{peer_task, d})));
-      if (it != connections.end()) it->second.state = s.ok() ? Connection::State::ready : Connection::State::failed;
-    }
-  if (s.ok()) learn(peer_task, a);  // from here on, requests naming it are refused
-  return s;
+  learn(peer_task, a);
+  return Status::success();
 }
 
 void VerbsDomain::learn(std::uint32_t peer_task, const DomainAddress& a) {
@@ -167,8 +147,8 @@ void VerbsDomain::learn(std::uint32_t peer_task, const DomainAddress& a) {
   p.lid = a.lid;
   p.mtu = a.mtu;
   p.rd_atomic = a.rd_atomic;
-  for (std::uint16_t d = 0; d < a.ud_qpns.size() && d < contexts_; ++d)
-    peer_ud_[lane_index(Endpoint{peer_task, d})] = a.ud_qpns[d];
+  for (std::uint16_t d = 0; d < a.rendezvous.size() && d < contexts_; ++d)
+    peer_rendezvous_[lane_index(Endpoint{peer_task, d})] = a.rendezvous[d];
   p.known.store(true, std::memory_order_release);  // last: a context may be reading
 }
 

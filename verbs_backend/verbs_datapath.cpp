@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "ami/device/coarse_clock.hpp"
 #include "verbs_device.hpp"
 
 namespace ami::verbs {
@@ -534,7 +535,10 @@ std::size_t VerbsDevice::progress(device::PacketSink& sink, std::size_t budget) 
   const int n = want > 0 ? ibv_poll_cq(queues_.cq.get(), want, wc) : 0;
   // An idle poll (what a waiting process spins on) ends here: receives to
   // repost were counted when they came, and nothing else waits.
-  if (n == 0 && !tending_ && broken_lanes_ == 0 && handshakes_ == 0) return 0;
+  // (With rdma_cm, also the channel's turn: once per coarse clock tick.)
+  if (n == 0 && !tending_ && broken_lanes_ == 0 && handshakes_ == 0 &&
+      (!cm_ || device::coarse_now_ns() < next_cm_poll_ns_))
+    return 0;
   return progress_rest(sink, budget, wc, n);
 }
 
@@ -560,6 +564,7 @@ std::size_t VerbsDevice::progress_rest(device::PacketSink& sink, std::size_t bud
   }
   if (queues_.to_repost.size() >= repost_batch_) replenish();
   std::size_t work = polled;
+  if (cm_) work += poll_cm();
   if (handshakes_ != 0) work += tend_handshakes();
   if (tending_) work += tend_lanes();
   if (broken_lanes_ != 0) {

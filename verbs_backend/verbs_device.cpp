@@ -48,7 +48,8 @@ VerbsDevice::VerbsDevice(VerbsDomain& domain, std::uint16_t context, std::uint32
       max_inline_(domain.port().max_inline),
       signal_interval_(domain.options().signal_interval),
       lanes_(std::size_t{domain.tasks()} * domain.contexts()),
-      ud_qpn_(domain.queues(context).ud ? domain.queues(context).ud->qp_num : ~std::uint32_t{0}) {
+      ud_qpn_(domain.queues(context).ud ? domain.queues(context).ud->qp_num : ~std::uint32_t{0}),
+      cm_(domain.method() == ConnectMethod::rdma_cm) {
   if (context >= domain.contexts()) throw Error("verbs: context index out of range");
   if (fifo_depth < 2 || (fifo_depth & (fifo_depth - 1)) != 0)
     throw Error("verbs: the injection FIFO depth must be a power of two");
@@ -88,7 +89,7 @@ bool VerbsDevice::can_reach(Endpoint peer) const {
 }
 
 // The first call for a peer makes the lane, and its queue pair and
-// connection unless the peer asked first (or rdma_cm made them at setup).
+// connection unless the peer asked first.
 device::Lane* VerbsDevice::lane(Endpoint peer) {
   if (!can_reach(peer)) return nullptr;
   const std::size_t i = domain_.lane_index(peer);

@@ -196,6 +196,13 @@ class VerbsDevice final : public device::Device {
   void fail_unconnected(VerbsLane& lane, Status why);
   void heard_on(Endpoint peer);
   std::size_t tend_handshakes();
+  // the same through rdma_cm (verbs_cm.cpp)
+  void cm_request(Connection& c, Endpoint peer);
+  std::size_t poll_cm();
+  CmIdOwner on_cm_event(rdma_cm_event& e);
+  CmIdOwner on_cm_request(rdma_cm_event& e);
+  int up_from_cm(ibv_qp* qp, rdma_cm_id* id) const;
+  bool renew(Connection& c, Endpoint peer);
 
   VerbsDomain& domain_;
   ContextQueues& queues_;
@@ -220,6 +227,8 @@ class VerbsDevice final : public device::Device {
   std::uint32_t ud_qpn_;          // completions on it are the handshake's (none with rdma_cm: ~0)
   std::uint32_t handshakes_ = 0;  // connections requesting or accepted: progress() tends them
   std::int64_t next_handshake_ns_ = INT64_MAX;
+  const bool cm_;                    // connections by rdma_cm: its channel is read in progress()
+  std::int64_t next_cm_poll_ns_ = 0;  // when an idle context reads it next
   Counters counters_;
 };
 

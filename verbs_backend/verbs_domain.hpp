@@ -13,9 +13,10 @@
 //  - the handshake (default): a request, a reply and a ready message over
 //    each context's UD queue pair (verbs_handshake.cpp), driven by the
 //    context's own progress(); works on InfiniBand without IP and on RoCE;
-//  - rdma_cm (AMI_VERBS_CM=on, RoCE only): every lane to every peer at
-//    setup, connect() blocking until the peer's side is up too; call it for
-//    the peers in increasing task order on every task.
+//  - rdma_cm (AMI_VERBS_CM=on, RoCE only): the same on first use through
+//    librdmacm, each context with its own event channel and listening port
+//    (verbs_cm.cpp), for fabrics where IP routing must find the path.
+// Either way connect() only learns the peer.
 // Control-path calls (constructor, local_address, connect, register and
 // deregister) are serialised by the Client; a context's queues (its
 // connections included) are touched only by that context's device.
@@ -64,7 +65,7 @@ struct VerbsOptions {
   std::optional<std::uint32_t> max_inline;   // unset: the most the device takes (probed at the first QP); 0: never inline
   ibv_mtu mtu_cap = IBV_MTU_4096;            // path MTU at most this (and the port's active MTU)
   std::optional<std::uint64_t> max_rdma;     // largest RDMA WRITE or READ per work request; unset: the port's max_msg_sz
-  std::optional<bool> use_rdma_cm;           // unset or false: the handshake on first use; true: rdma_cm at setup
+  std::optional<bool> use_rdma_cm;           // true: rdma_cm; false: the handshake; unset: rdma_cm on RoCE
   bool immediate = Param("AMI_VERBS_IMMEDIATE").default_as<bool>();  // packets with a compact form go as SEND with immediate
   std::uint32_t staging_bytes = 64 * 1024;   // per lane: registered ring packet payloads are copied into (at least 2 x bounce_bytes)
   // rdma_cm: for all lanes to one peer; handshake: for one lane, from its
@@ -154,10 +155,11 @@ struct Connection {
   std::uint16_t tries = 0;       // requests (or replies) sent
   std::int64_t next_try_ns = 0;  // when to send it again
   std::int64_t give_up_ns = 0;
+  CmIdOwner cm_id;               // rdma_cm: the connection's id (the requester's, or the accepted one)
 };
 
 // One context's completion queue, shared receive queue, UD queue pair for
-// the handshake and the connections made so far.
+// the handshake (or rdma_cm channel) and the connections made so far.
 struct ContextQueues {
   struct Route {
     std::uint32_t qpn;
@@ -185,6 +187,13 @@ struct ContextQueues {
   std::uint32_t ud_sends_out = 0;   // sends not yet completed
   std::uint32_t ud_send_next = 0;   // the next send buffer
   QpOwner ud;
+  // rdma_cm instead: the context's event channel, the id listening on its
+  // port, and ids given up (a request that crossed the peer's), kept until
+  // the domain goes; the connections' ids go before them.
+  CmChannelOwner cm_channel;
+  CmIdOwner cm_listener;
+  std::uint16_t cm_port = 0;
+  std::vector<CmIdOwner> cm_retired;
   // Last: their queue pairs go before the CQ and SRQ they use.
   std::unordered_map<std::uint32_t, Connection> connections;  // by peer task * contexts + peer context
 
@@ -195,6 +204,7 @@ struct ContextQueues {
   }
   const Route* find_route(std::uint32_t qpn) const;
   void add_route(std::uint32_t qpn, Endpoint peer);
+  void remove_route(std::uint32_t qpn);
   mutable const Route* recent_route = nullptr;  // into routes; reset when one is added
 };
 
@@ -218,9 +228,8 @@ class VerbsDomain {
 
   // The bytes this task publishes through the bootstrap.
   std::vector<std::byte> local_address() const;
-  // Learns the peer from its published bytes (handshake), or connects every
-  // lane to it (rdma_cm). Malformed or mismatched bytes, or a failed
-  // connection, are a Status.
+  // Learns the peer from its published bytes; its lanes connect on first
+  // use, by either method. Malformed or mismatched bytes are a Status.
   Status connect(std::uint32_t peer_task, std::span<const std::byte> peer_address);
 
   // Registers [addr, addr + len) for local and remote access under the
@@ -241,6 +250,8 @@ class VerbsDomain {
   const VerbsOptions& options() const { return options_; }
   const PortInfo& port() const { return port_; }
   ConnectMethod method() const { return method_; }
+  // rdma_cm's share (method() == rdma_cm only).
+  const CmConnector& cm() const { return *cm_; }
   // The token this task's connection messages carry (published).
   std::uint64_t nonce() const { return nonce_; }
   device::RegionTable& regions() { return regions_; }
@@ -257,8 +268,12 @@ class VerbsDomain {
   }
   void set_directory(device::PeerDirectory* directory) { directory_ = directory; }
   const PeerInfo& peer(std::uint32_t task) const { return peers_[task]; }
-  // The UD queue pair of the peer context, where its handshake listens.
-  std::uint32_t peer_ud_qpn(Endpoint peer) const { return peer_ud_[lane_index(peer)]; }
+  // Where the peer context takes connection requests: its UD queue pair
+  // (handshake) or its rdma_cm port.
+  std::uint32_t peer_ud_qpn(Endpoint peer) const { return peer_rendezvous_[lane_index(peer)]; }
+  std::uint16_t peer_cm_port(Endpoint peer) const {
+    return static_cast<std::uint16_t>(peer_rendezvous_[lane_index(peer)]);
+  }
   // Largest packet both ends of a lane to peer take.
   std::uint32_t max_packet(std::uint32_t peer) const;
   ContextQueues& queues(std::uint16_t context) { return *queues_[context]; }
@@ -268,16 +283,22 @@ class VerbsDomain {
   std::size_t lane_index(Endpoint peer) const { return std::size_t{peer.task} * contexts_ + peer.context; }
 
   // A new RC queue pair at INIT for the lane from context to peer, with its
-  // route and room on the CQ: called by the context's device (or by setup
-  // for rdma_cm). Throws ami::Error naming the failing call.
+  // route and room on the CQ: called by the context's device. Throws
+  // ami::Error naming the failing call.
   Connection& new_connection(std::uint16_t context, Endpoint peer, bool active);
+  // A new queue pair at INIT in place of c's, which asked and was never
+  // connected (rdma_cm: a request that crossed the peer's; the connection
+  // manager would take the old one's number, named in the refused request,
+  // for a stale connection). Not counted as one more. Throws ami::Error.
+  void renew_queue_pair(Connection& c, std::uint16_t context, Endpoint peer);
   // Brings c's queue pair to RTR towards the peer's QP and then to RTS;
   // 0 or an errno value (logged).
   int connect_queue_pair(Connection& c, Endpoint peer, std::uint32_t remote_qpn, std::uint32_t remote_psn);
   // The address handle of the peer task's port for context's UD sends,
   // made on first use; nullptr (logged) when it cannot be made.
   ibv_ah* address_handle(std::uint16_t context, std::uint32_t peer_task);
-  // RC queue pairs made since setup, over every context.
+  // RC queue pairs made since setup, over every context (one renewed in
+  // place of another counts once).
   std::uint64_t queue_pairs_made() const { return queue_pairs_made_.load(std::memory_order_relaxed); }
 
  private:
@@ -311,7 +332,7 @@ class VerbsDomain {
   std::vector<std::unique_ptr<ContextQueues>> queues_;
   std::vector<PeerInfo> peers_;
   device::PeerDirectory* directory_ = nullptr;  // the Client's
-  std::vector<std::uint32_t> peer_ud_;  // by lane index: each peer context's UD QP (handshake)
+  std::vector<std::uint32_t> peer_rendezvous_;  // by lane index: peer_ud_qpn() or peer_cm_port()
   std::uint64_t nonce_ = 0;
   std::atomic<std::uint64_t> queue_pairs_made_{0};
   std::unique_ptr<CmConnector> cm_;

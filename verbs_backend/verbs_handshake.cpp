@@ -80,13 +80,19 @@ Connection* VerbsDevice::connection(std::size_t index) {
   return it == queues_.connections.end() ? nullptr : &it->second;
 }
 
-// The request goes now; progress() repeats it until the reply comes.
+// The request goes now; progress() repeats it until the reply comes (with
+// rdma_cm the connection manager does, and progress() takes its events).
 void VerbsDevice::start_request(Connection& c, Endpoint peer) {
   const std::int64_t now = device::coarse_now_ns();
   c.give_up_ns = now + std::int64_t{domain_.options().connect_timeout_ms} * 1'000'000;
   c.tries = 1;
   c.next_try_ns = now + retry_after(0);
   ++handshakes_;
+  if (cm_) {  // the connection manager repeats its own messages
+    c.next_try_ns = c.give_up_ns;
+    next_handshake_ns_ = std::min(next_handshake_ns_, c.give_up_ns);
+    return cm_request(c, peer);
+  }
   next_handshake_ns_ = std::min(next_handshake_ns_, c.next_try_ns);
   send_handshake(Handshake::Type::request, peer, c);
 }

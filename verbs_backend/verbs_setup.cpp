@@ -97,6 +97,25 @@ void ContextQueues::add_route(std::uint32_t qpn, Endpoint peer) {
   recent_route = nullptr;
 }
 
+void ContextQueues::remove_route(std::uint32_t qpn) {
+  auto it = std::lower_bound(routes.begin(), routes.end(), qpn,
+                             [](const Route& r, std::uint32_t n) { return r.qpn < n; });
+  if (it != routes.end() && it->qpn == qpn) routes.erase(it);
+  recent_route = nullptr;
+}
+
+namespace {
+
+// AMI_VERBS_CM=auto: rdma_cm where the port's GID holds a routable IP
+// address (RoCE), the handshake elsewhere (InfiniBand; a link-local GID).
+bool rdma_cm_by_default(const PortInfo& port) {
+  if (port.link_layer != IBV_LINK_LAYER_ETHERNET) return false;
+  const bool link_local = port.gid.raw[0] == 0xfe && (port.gid.raw[1] & 0xc0) == 0x80;
+  return gid_is_ipv4(port.gid) || !link_local;
+}
+
+}  // namespace
+
 VerbsDomain::VerbsDomain(std::uint32_t task, std::uint32_t tasks, std::uint16_t contexts,
                          const VerbsOptions& options, device::RegionTable& regions)
     : task_(task), tasks_(tasks), contexts_(contexts), options_(options), regions_(regions), peers_(tasks) {
@@ -109,15 +128,19 @@ VerbsDomain::VerbsDomain(std::uint32_t task, std::uint32_t tasks, std::uint16_t 
   if (options_.srq_depth > static_cast<std::uint32_t>(port_.max_srq_wr))
     throw Error("verbs: srq_depth " + std::to_string(options_.srq_depth) + " exceeds " + port_.device +
                 "'s max_srq_wr " + std::to_string(port_.max_srq_wr));
-  method_ = options_.use_rdma_cm.value_or(false) ? ConnectMethod::rdma_cm : ConnectMethod::handshake;
+  method_ = options_.use_rdma_cm.value_or(rdma_cm_by_default(port_)) ? ConnectMethod::rdma_cm
+                                                                      : ConnectMethod::handshake;
   nonce_ = (std::uint64_t{std::random_device{}()} << 32) | std::random_device{}() | 1;
-  if (method_ == ConnectMethod::handshake) peer_ud_.resize(std::size_t{tasks_} * contexts_);
+  peer_rendezvous_.resize(std::size_t{tasks_} * contexts_);
   pd_.reset(require(ibv_alloc_pd(device_.get()), "ibv_alloc_pd"));
   for (std::uint16_t c = 0; c < contexts_; ++c) queues_.push_back(make_queues());
   // How much inline data the device takes, found now on a queue pair made
   // for that alone: contexts make theirs later, each on its own thread.
   (void)make_qp(*queues_[0]);
-  if (method_ == ConnectMethod::rdma_cm) cm_ = std::make_unique<CmConnector>(*this);
+  if (method_ == ConnectMethod::rdma_cm) {
+    cm_ = std::make_unique<CmConnector>(*this);
+    for (auto& q : queues_) cm_->listen(*q);
+  }
 }
 
 VerbsDomain::~VerbsDomain() = default;
@@ -287,6 +310,16 @@ Connection& VerbsDomain::new_connection(std::uint16_t context, Endpoint peer, bo
   return it->second;
 }
 
+// The CQ keeps its room: one queue pair goes for one that comes.
+void VerbsDomain::renew_queue_pair(Connection& c, std::uint16_t context, Endpoint peer) {
+  ContextQueues& q = *queues_[context];
+  QpOwner fresh = make_qp(q);
+  q.remove_route(c.qp->qp_num);
+  q.add_route(fresh->qp_num, peer);
+  c.qp = std::move(fresh);
+  c.psn = random_psn();
+}
+
 int VerbsDomain::connect_queue_pair(Connection& c, Endpoint peer, std::uint32_t remote_qpn, std::uint32_t remote_psn) {
   const PeerInfo& p = peers_[peer.task];
   if (int err = qp_to_rtr(c.qp.get(), port_, options_, p, remote_qpn, remote_psn)) {
@@ -374,7 +407,7 @@ std::string VerbsDomain::describe() const {
                   " receive buffers of " +
                   (options_.bounce_bytes % 1024 == 0 ? std::to_string(options_.bounce_bytes / 1024) + " KiB"
                                                      : std::to_string(options_.bounce_bytes) + " B") +
-                  (method_ == ConnectMethod::rdma_cm ? ", lanes connected by rdma_cm at setup"
+                  (method_ == ConnectMethod::rdma_cm ? ", lanes connected by rdma_cm on first use"
                                                      : ", lanes connected on first use by a handshake over UD") +
                   ", " + std::to_string(queue_pairs_made()) + " queue pair(s) made";
   return s;

@@ -1,7 +1,7 @@
 // test_verbs.cpp — the verbs backend on a real RDMA port (soft-RoCE rxe0 in
 // the tests/rxe VM): two tasks in one process, each a VerbsDomain with its
 // VerbsDevices, knowing each other from their published addresses, lanes
-// connected on first use by the handshake (or at setup by rdma_cm), driven
+// connected on first use by the handshake (or by rdma_cm), driven
 // from one thread. verbs_main.cpp skips it where no port is active.
 #include <doctest/doctest.h>
 
@@ -113,20 +113,11 @@ struct Pair {
   explicit Pair(VerbsOptions o = base_options(), std::uint32_t fifo_depth = 64, std::uint16_t contexts = 1)
       : contexts(contexts),
         t{std::make_unique<Task>(0, contexts, o), std::make_unique<Task>(1, contexts, o)} {
-    if (o.use_rdma_cm.value_or(false)) {
-      const auto a0 = t[0]->domain.local_address(), a1 = t[1]->domain.local_address();
-      Status s1;
-      std::thread passive([&] { s1 = t[1]->domain.connect(0, a0); });
-      const Status s0 = t[0]->domain.connect(1, a1);
-      passive.join();
-      REQUIRE_MESSAGE(s0.ok(), ami::to_string(s0));
-      REQUIRE_MESSAGE(s1.ok(), ami::to_string(s1));
-    } else {
-      const Status s0 = t[0]->domain.connect(1, t[1]->domain.local_address());
-      const Status s1 = t[1]->domain.connect(0, t[0]->domain.local_address());
-      REQUIRE_MESSAGE(s0.ok(), ami::to_string(s0));
-      REQUIRE_MESSAGE(s1.ok(), ami::to_string(s1));
-    }
+    // Either method only learns the peer here: lanes connect on first use.
+    const Status s0 = t[0]->domain.connect(1, t[1]->domain.local_address());
+    const Status s1 = t[1]->domain.connect(0, t[0]->domain.local_address());
+    REQUIRE_MESSAGE(s0.ok(), ami::to_string(s0));
+    REQUIRE_MESSAGE(s1.ok(), ami::to_string(s1));
     for (auto& task : t) {
       task->sinks.resize(contexts);
       for (std::uint16_t c = 0; c < contexts; ++c)
@@ -246,8 +237,8 @@ TEST_CASE("the port, the GID and the published address") {
   REQUIRE(ami::verbs::DomainAddress::decode(mine, a).ok());
   CHECK(a.task == 0);
   CHECK(a.tasks == 2);
-  REQUIRE(a.ud_qpns.size() == 1);
-  CHECK(a.ud_qpns[0] == d.queues(0).ud->qp_num);
+  REQUIRE(a.rendezvous.size() == 1);
+  CHECK(a.rendezvous[0] == d.queues(0).ud->qp_num);
   CHECK(d.queue_pairs_made() == 0);  // no lane has a queue pair before it is used
   // The same size in a job of 4096 tasks: nothing in it grows with the job.
   {
@@ -996,7 +987,7 @@ TEST_CASE("rdma_cm: connect, packets both ways, PUT and GET") {
   CHECK(std::memcmp(a.memory.data() + 65536, b.memory.data() + 70000, 50000) == 0);
 }
 
-TEST_CASE("rdma_cm: three tasks connecting in increasing order, requests waiting for their turn") {
+TEST_CASE("rdma_cm: three tasks asking each other at once end with one queue pair per pair of tasks") {
   VerbsOptions o = base_options();
   o.use_rdma_cm = true;
   constexpr std::uint32_t kTasks = 3;
@@ -1008,19 +999,13 @@ TEST_CASE("rdma_cm: three tasks connecting in increasing order, requests waiting
     domains.push_back(std::make_unique<VerbsDomain>(t, kTasks, 1, o, *regions.back()));
     addresses.push_back(domains.back()->local_address());
   }
-  std::vector<Status> results(kTasks * kTasks);
-  std::vector<std::thread> threads;
-  for (std::uint32_t t = 0; t < kTasks; ++t)
-    threads.emplace_back([&, t] {
-      for (std::uint32_t peer = 0; peer < kTasks; ++peer)
-        if (peer != t) results[t * kTasks + peer] = domains[t]->connect(peer, addresses[peer]);
-    });
-  for (auto& th : threads) th.join();
   for (std::uint32_t t = 0; t < kTasks; ++t)
     for (std::uint32_t peer = 0; peer < kTasks; ++peer)
-      if (peer != t)
-        CHECK_MESSAGE(results[t * kTasks + peer].ok(), t, " -> ", peer, ": ",
-                      ami::to_string(results[t * kTasks + peer]));
+      if (peer != t) {
+        const Status s = domains[t]->connect(peer, addresses[peer]);
+        REQUIRE_MESSAGE(s.ok(), t, " -> ", peer, ": ", ami::to_string(s));
+      }
+  for (const auto& d : domains) CHECK(d->queue_pairs_made() == 0);
 
   std::vector<std::unique_ptr<VerbsDevice>> devices;
   std::vector<Sink> sinks(kTasks);
@@ -1050,12 +1035,21 @@ TEST_CASE("rdma_cm: three tasks connecting in increasing order, requests waiting
       CHECK(static_cast<std::uint32_t>(pk.bytes[0]) == pk.origin.task);
       CHECK(static_cast<std::uint32_t>(pk.bytes[1]) == t);
     }
+    CHECK(domains[t]->queue_pairs_made() == kTasks - 1);  // the crossed requests made one pair each
   }
 }
 
 // Connection on first use: the handshake (verbs_handshake.hpp).
 
 namespace {
+
+// Both ways of connecting on first use: the handshake over UD, and rdma_cm.
+std::vector<VerbsOptions> both_methods(VerbsOptions o = base_options()) {
+  o.use_rdma_cm = false;
+  VerbsOptions cm = o;
+  cm.use_rdma_cm = true;
+  return {o, cm};
+}
 
 // Packets numbered 0..n-1 on lane, in as many rings as the FIFO takes.
 void post_numbered(Pair& p, Lane& lane, std::uint32_t from, std::uint32_t n) {
@@ -1083,53 +1077,59 @@ void check_numbered(const Sink& sink, std::uint32_t n) {
 
 }  // namespace
 
-TEST_CASE("handshake: no queue pair before first use; what waits for the connection goes in order") {
-  Pair p(base_options(), 16);
-  CHECK(p.t[0]->domain.queue_pairs_made() == 0);
-  CHECK(p.t[1]->domain.queue_pairs_made() == 0);
-  p.advance();
-  CHECK(p.t[0]->domain.queue_pairs_made() == 0);
-  // More than a FIFO's worth posted before the peer ever answered.
-  Lane& lane = p.lane(0, 0, 0, false);
-  CHECK_FALSE(static_cast<VerbsLane&>(lane).ready());
-  post_numbered(p, lane, 0, 100);
-  REQUIRE(p.run_until([&] { return p.sink(1).packets.size() == 100; }));
-  check_numbered(p.sink(1), 100);
-  CHECK(p.t[0]->domain.queue_pairs_made() == 1);
-  CHECK(p.t[1]->domain.queue_pairs_made() == 1);  // the replier's, made for the request
-  // The way back uses the replier's queue pair: no second pair.
-  Lane& back = p.lane(1);
-  post_numbered(p, back, 0, 10);
-  REQUIRE(p.run_until([&] { return p.sink(0).packets.size() == 10; }));
-  check_numbered(p.sink(0), 10);
-  CHECK(p.t[0]->domain.queue_pairs_made() == 1);
-  CHECK(p.t[1]->domain.queue_pairs_made() == 1);
-  CHECK(p.device(0).counters().connections_ready == 1);
-  CHECK(p.device(1).counters().connections_ready == 1);
-  CHECK(p.device(1).counters().handshakes_dropped == 0);
+TEST_CASE("on first use (handshake, rdma_cm): no queue pair before it; what waits for the connection goes in order") {
+  for (const VerbsOptions& o : both_methods()) {
+    CAPTURE(o.use_rdma_cm.value());
+    Pair p(o, 16);
+    CHECK(p.t[0]->domain.queue_pairs_made() == 0);
+    CHECK(p.t[1]->domain.queue_pairs_made() == 0);
+    p.advance();
+    CHECK(p.t[0]->domain.queue_pairs_made() == 0);
+    // More than a FIFO's worth posted before the peer ever answered.
+    Lane& lane = p.lane(0, 0, 0, false);
+    CHECK_FALSE(static_cast<VerbsLane&>(lane).ready());
+    post_numbered(p, lane, 0, 100);
+    REQUIRE(p.run_until([&] { return p.sink(1).packets.size() == 100; }));
+    check_numbered(p.sink(1), 100);
+    CHECK(p.t[0]->domain.queue_pairs_made() == 1);
+    CHECK(p.t[1]->domain.queue_pairs_made() == 1);  // the replier's, made for the request
+    // The way back uses the replier's queue pair: no second pair.
+    Lane& back = p.lane(1);
+    post_numbered(p, back, 0, 10);
+    REQUIRE(p.run_until([&] { return p.sink(0).packets.size() == 10; }));
+    check_numbered(p.sink(0), 10);
+    CHECK(p.t[0]->domain.queue_pairs_made() == 1);
+    CHECK(p.t[1]->domain.queue_pairs_made() == 1);
+    CHECK(p.device(0).counters().connections_ready == 1);
+    CHECK(p.device(1).counters().connections_ready == 1);
+    CHECK(p.device(1).counters().handshakes_dropped == 0);
+  }
 }
 
-TEST_CASE("handshake: both sides asking at once end with one queue pair each, nothing lost or reordered") {
-  for (int round = 0; round < 8; ++round) {
-    CAPTURE(round);
-    Pair p(base_options(), 16, 2);
-    // Every lane of both tasks asked for before either advances; then 50
-    // packets each way on each.
-    for (int t = 0; t < 2; ++t)
-      for (std::uint16_t c = 0; c < 2; ++c)
-        for (std::uint16_t d = 0; d < 2; ++d) (void)p.lane(t, c, d, false);
-    for (int t = 0; t < 2; ++t)
-      for (std::uint16_t c = 0; c < 2; ++c) post_numbered(p, p.lane(t, c, c, false), 0, 50);
-    REQUIRE(p.run_until([&] {
-      std::size_t n = 0;
+TEST_CASE("on first use (handshake, rdma_cm): both sides asking at once end with one queue pair each, nothing lost or reordered") {
+  for (const VerbsOptions& o : both_methods()) {
+    CAPTURE(o.use_rdma_cm.value());
+    for (int round = 0; round < 8; ++round) {
+      CAPTURE(round);
+      Pair p(o, 16, 2);
+      // Every lane of both tasks asked for before either advances; then 50
+      // packets each way on each.
       for (int t = 0; t < 2; ++t)
-        for (std::uint16_t c = 0; c < 2; ++c) n += p.sink(t, c).packets.size();
-      return n == 200;
-    }));
-    for (int t = 0; t < 2; ++t)
-      for (std::uint16_t c = 0; c < 2; ++c) check_numbered(p.sink(t, c), 50);
-    CHECK(p.t[0]->domain.queue_pairs_made() == 4);  // one per pair of contexts
-    CHECK(p.t[1]->domain.queue_pairs_made() == 4);
+        for (std::uint16_t c = 0; c < 2; ++c)
+          for (std::uint16_t d = 0; d < 2; ++d) (void)p.lane(t, c, d, false);
+      for (int t = 0; t < 2; ++t)
+        for (std::uint16_t c = 0; c < 2; ++c) post_numbered(p, p.lane(t, c, c, false), 0, 50);
+      REQUIRE(p.run_until([&] {
+        std::size_t n = 0;
+        for (int t = 0; t < 2; ++t)
+          for (std::uint16_t c = 0; c < 2; ++c) n += p.sink(t, c).packets.size();
+        return n == 200;
+      }));
+      for (int t = 0; t < 2; ++t)
+        for (std::uint16_t c = 0; c < 2; ++c) check_numbered(p.sink(t, c), 50);
+      CHECK(p.t[0]->domain.queue_pairs_made() == 4);  // one per pair of contexts
+      CHECK(p.t[1]->domain.queue_pairs_made() == 4);
+    }
   }
 }
 
@@ -1148,46 +1148,52 @@ TEST_CASE("handshake: a peer that answers late gets repeats, and answers each al
   CHECK(p.device(1).counters().connections_ready == 1);
 }
 
-TEST_CASE("handshake: a peer that never answers fails the lane and what waited on it") {
-  VerbsOptions o = base_options();
-  o.connect_timeout_ms = 300;
-  Pair p(o, 16);
-  Lane& lane = p.lane(0, 0, 0, false);
-  Recorder r(2);
-  const std::byte payload[8] = {};
-  REQUIRE(post_packet(lane, std::span(payload), {}, r.callback(0)));
-  REQUIRE(post_packet(lane, std::span(payload), {}, r.callback(1)));
-  lane.ring();
-  const auto end = std::chrono::steady_clock::now() + 30s;
-  while (r.calls.size() < 2 && std::chrono::steady_clock::now() < end) p.advance(true, false);
-  check_in_order_once(r, 2);
-  CHECK(r.calls[0].status == StatusCode::peer_failed);
-  MESSAGE(ami::to_string(r.calls[0].status));
-  REQUIRE(p.sink(0).failed.size() == 1);
-  CHECK(p.sink(0).failed[0].first == Endpoint{1, 0});
-  CHECK(static_cast<VerbsLane&>(lane).broken());
+TEST_CASE("on first use (handshake, rdma_cm): a peer that never answers fails the lane and what waited on it") {
+  VerbsOptions base = base_options();
+  base.connect_timeout_ms = 300;
+  for (const VerbsOptions& o : both_methods(base)) {
+    CAPTURE(o.use_rdma_cm.value());
+    Pair p(o, 16);
+    Lane& lane = p.lane(0, 0, 0, false);
+    Recorder r(2);
+    const std::byte payload[8] = {};
+    REQUIRE(post_packet(lane, std::span(payload), {}, r.callback(0)));
+    REQUIRE(post_packet(lane, std::span(payload), {}, r.callback(1)));
+    lane.ring();
+    const auto end = std::chrono::steady_clock::now() + 30s;
+    while (r.calls.size() < 2 && std::chrono::steady_clock::now() < end) p.advance(true, false);
+    check_in_order_once(r, 2);
+    CHECK(r.calls[0].status == StatusCode::peer_failed);
+    MESSAGE(ami::to_string(r.calls[0].status));
+    REQUIRE(p.sink(0).failed.size() == 1);
+    CHECK(p.sink(0).failed[0].first == Endpoint{1, 0});
+    CHECK(static_cast<VerbsLane&>(lane).broken());
+  }
 }
 
-TEST_CASE("handshake: a request that does not carry the task's published nonce is dropped and counted") {
-  // Task 1 learns task 0 with another nonce than task 0 sends.
-  VerbsOptions o = base_options();
-  o.connect_timeout_ms = 300;
-  auto t0 = std::make_unique<Task>(0, 1, o), t1 = std::make_unique<Task>(1, 1, o);
-  auto forged = t0->domain.local_address();
-  forged[44] ^= std::byte{0x5a};  // the nonce's first byte (verbs_address.cpp)
-  REQUIRE(t0->domain.connect(1, t1->domain.local_address()).ok());
-  REQUIRE(t1->domain.connect(0, forged).ok());
-  VerbsDevice d0(t0->domain, 0, 16), d1(t1->domain, 0, 16);
-  Sink s0, s1;
-  Lane* lane = d0.lane(Endpoint{1, 0});
-  REQUIRE(lane != nullptr);
-  const auto end = std::chrono::steady_clock::now() + 30s;
-  while (!static_cast<VerbsLane*>(lane)->broken() && std::chrono::steady_clock::now() < end) {
-    (void)d0.progress(s0, 64);
-    (void)d1.progress(s1, 64);
+TEST_CASE("on first use (handshake, rdma_cm): a request without the task's published nonce is dropped and counted") {
+  VerbsOptions base = base_options();
+  base.connect_timeout_ms = 300;
+  for (const VerbsOptions& o : both_methods(base)) {
+    CAPTURE(o.use_rdma_cm.value());
+    // Task 1 learns task 0 with another nonce than task 0 sends.
+    auto t0 = std::make_unique<Task>(0, 1, o), t1 = std::make_unique<Task>(1, 1, o);
+    auto forged = t0->domain.local_address();
+    forged[44] ^= std::byte{0x5a};  // the nonce's first byte (verbs_address.cpp)
+    REQUIRE(t0->domain.connect(1, t1->domain.local_address()).ok());
+    REQUIRE(t1->domain.connect(0, forged).ok());
+    VerbsDevice d0(t0->domain, 0, 16), d1(t1->domain, 0, 16);
+    Sink s0, s1;
+    Lane* lane = d0.lane(Endpoint{1, 0});
+    REQUIRE(lane != nullptr);
+    const auto end = std::chrono::steady_clock::now() + 30s;
+    while (!static_cast<VerbsLane*>(lane)->broken() && std::chrono::steady_clock::now() < end) {
+      (void)d0.progress(s0, 64);
+      (void)d1.progress(s1, 64);
+    }
+    CHECK(static_cast<VerbsLane*>(lane)->broken());
+    CHECK(d1.counters().handshakes_dropped >= 1);
+    CHECK(d1.counters().handshakes_received == 0);
+    CHECK(t1->domain.queue_pairs_made() == 0);
   }
-  CHECK(static_cast<VerbsLane*>(lane)->broken());
-  CHECK(d1.counters().handshakes_dropped >= 1);
-  CHECK(d1.counters().handshakes_received == 0);
-  CHECK(t1->domain.queue_pairs_made() == 0);
 }

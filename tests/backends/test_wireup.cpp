@@ -1,7 +1,8 @@
 // test_wireup.cpp — wire-up on first use, in jobs of real processes over
 // verbs (the tests/rxe VM; skipped where no RDMA port is active): a task
 // makes a queue pair only for the peer contexts it talks to, connections
-// asked for from both sides at once end as one pair, and a peer that is gone
+// asked for from both sides at once end as one pair (by the handshake and
+// by rdma_cm alike), and a peer that is gone
 // before its lane was connected fails the operations given to it.
 #include <doctest/doctest.h>
 
@@ -22,7 +23,10 @@ namespace {
 constexpr std::uint16_t kPing = 11;
 constexpr std::uint16_t kPong = 12;
 
-Config verbs_job() { return test::config_with({{"AMI_BACKENDS", "self,verbs"}}); }
+// Verbs alone, lanes connected by the handshake (cm "off") or rdma_cm ("on").
+Config verbs_job(const char* cm = "off") {
+  return test::config_with({{"AMI_BACKENDS", "self,verbs"}, {"AMI_VERBS_CM", cm}});
+}
 
 // "…, 4 queue pair(s) made" in the verbs line of describe_backends().
 long queue_pairs_made(Client& c) {
@@ -134,14 +138,17 @@ TEST_CASE("a ring of 8 tasks, each context talking to its two neighbours: two qu
     (void)advance_until(c, [&] { return std::chrono::steady_clock::now() > until; });
     return 0;
   };
-  const Config config = verbs_job();
-  const auto pids = test::spawn_ranks(
-      kTasks,
-      [&](std::uint32_t r, const std::string& address) {
-        return with_contexts(r, kTasks, address, config, kContexts);
-      },
-      std::vector<test::Script>(kTasks, script));
-  CHECK(test::wait_all(pids, std::chrono::seconds(120)) == std::vector<int>(kTasks, 0));
+  for (const char* cm : {"off", "on"}) {
+    CAPTURE(cm);
+    const Config config = verbs_job(cm);
+    const auto pids = test::spawn_ranks(
+        kTasks,
+        [&](std::uint32_t r, const std::string& address) {
+          return with_contexts(r, kTasks, address, config, kContexts);
+        },
+        std::vector<test::Script>(kTasks, script));
+    CHECK(test::wait_all(pids, std::chrono::seconds(120)) == std::vector<int>(kTasks, 0));
+  }
 }
 
 TEST_CASE("every task asking every other at once: one queue pair per peer, messages in order") {
@@ -172,8 +179,11 @@ TEST_CASE("every task asking every other at once: one queue pair per peer, messa
     (void)advance_until(c, [&] { return std::chrono::steady_clock::now() > until; });
     return 0;
   };
-  CHECK(test::run_job(kTasks, verbs_job(), std::vector<test::Script>(kTasks, script), std::chrono::seconds(120)) ==
-        std::vector<int>(kTasks, 0));
+  for (const char* cm : {"off", "on"}) {
+    CAPTURE(cm);
+    CHECK(test::run_job(kTasks, verbs_job(cm), std::vector<test::Script>(kTasks, script),
+                        std::chrono::seconds(120)) == std::vector<int>(kTasks, 0));
+  }
 }
 
 TEST_CASE("a peer gone before its lane was connected: the operations given to it fail, the others go on") {

@@ -21,7 +21,7 @@ void check_verbs(std::span<const std::byte> bytes) {
   ami::verbs::DomainAddress b;
   if (!ami::verbs::DomainAddress::decode(again, b).ok()) __builtin_trap();
   if (b.task != a.task || b.tasks != a.tasks || b.contexts != a.contexts || b.gid != a.gid ||
-      b.ud_qpns != a.ud_qpns || b.nonce != a.nonce || b.cm_port != a.cm_port)
+      b.rendezvous != a.rendezvous || b.nonce != a.nonce || b.ip_family != a.ip_family || b.ip != a.ip)
     __builtin_trap();
 }
 

@@ -69,8 +69,11 @@ step wireup_verbs "$build/tests/backends/test_wireup_verbs"
 step peer_failure_verbs "$build/tests/protocol/test_peer_failure_verbs"
 step collectives_verbs "$build/tests/collectives/test_collectives_verbs"
 # A job started by mpirun (PMIx) over verbs alone: addresses fetched on first
-# use, queue pairs made by the handshake with tasks learnt on demand.
+# use, queue pairs made with tasks learnt on demand, by the handshake and by
+# rdma_cm.
 step mpirun_verbs env AMI_BACKENDS=self,verbs "$here/../mpi/mpirun.sh" 3 "$build/tests/mpi/test_mpirun"
+step mpirun_verbs_cm env AMI_BACKENDS=self,verbs AMI_VERBS_CM=on "$here/../mpi/mpirun.sh" 3 \
+  "$build/tests/mpi/test_mpirun"
 # The libfabric backend on verbs;ofi_rxm over rxe0 (the conformance suite's
 # ofi pairs ran in backends_verbs).
 step peer_failure_ofi_verbs "$build/tests/protocol/test_peer_failure_ofi_verbs"

@@ -112,8 +112,7 @@ bool Client::Impl::choose_on_demand() const {
         throw Error("Client: AMI_ADDRESSES=first_use needs a bootstrap that fetches one address alone (pmix); "
                     "this job's is " + std::string(boot->name()));
       if (!backends.connect_alone())
-        throw Error("Client: AMI_ADDRESSES=first_use: a backend in use joins its peers only at start "
-                    "(verbs with AMI_VERBS_CM=on, or ofi)");
+        throw Error("Client: AMI_ADDRESSES=first_use: a backend in use joins its peers only at start (ofi)");
       return true;
   }
   return false;

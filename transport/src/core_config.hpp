@@ -48,7 +48,7 @@ inline constexpr ParamSpec kParams[] = {
      "the AMI_REACHABILITY check), first_use (a peer's address is fetched from the PMIx launcher "
      "when this task first talks to it or hears from it; a peer no backend reaches then fails at "
      "that first use), or auto: first_use under PMIx when every backend in use can join a peer "
-     "alone (not verbs with AMI_VERBS_CM=on, not ofi), start otherwise. The TCP bootstrap always "
+     "alone (not ofi), start otherwise. The TCP bootstrap always "
      "exchanges them at start.", false, "auto|start|first_use"},
     {"AMI_MAX_REGIONS", "4096", ParamType::unsigned_int, 1, 1u << 20,
      "Memory registrations a client holds at once, at most 1048576."},

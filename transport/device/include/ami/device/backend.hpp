@@ -131,8 +131,8 @@ class Backend {
 
   // May connect() be called for one peer alone, at any time, while the
   // contexts run (addresses on demand)? No for a backend that joins peers
-  // collectively at setup (rdma_cm's ordered connects), or whose devices
-  // could not take a peer added under them.
+  // collectively at setup, or whose devices could not take a peer added
+  // under them.
   virtual bool connects_alone() const { return true; }
 
   // Does it reach that task? tasks_reached(): how many it reaches; the own
