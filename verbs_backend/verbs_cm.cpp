@@ -267,8 +267,8 @@ CmIdOwner VerbsDevice::on_cm_event(rdma_cm_event& e) {
         return retired;
       }
       if (waiting) {
-        log("rdma_cm: lane from context %u to task %u context %u: the peer rejected the connection", context_,
-            peer.task, peer.context);
+        log("rdma_cm: lane from context %u to task %u context %u: the peer rejected the connection (reason %d)",
+            context_, peer.task, peer.context, e.status);
         connection_failed(*c, peer, kRefused);
       }
       break;

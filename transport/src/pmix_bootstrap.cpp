@@ -28,7 +28,7 @@ namespace {
 std::atomic<std::uint32_t> next_instance{0};
 
 // The attributes of a fence or a get: a timeout, and for the fence that
-// publishes blobs, the request to bring everyone's data to everyone.
+// publishes blobs, the request to bring everyone's data to every server.
 class Attributes {
  public:
   Attributes(int timeout_seconds, bool collect_data) {
@@ -211,7 +211,7 @@ void PmixBootstrap::publish(std::span<const std::byte> mine) {
   Impl& m = *impl_;
   const std::string key = m.next_key();
   m.put(mine, key);
-  m.fence(false, "every rank publishing its blob " + key);
+  m.fence(true, "every rank publishing its blob " + key);
   std::lock_guard lock(m.published_mutex);
   m.published = key;
 }

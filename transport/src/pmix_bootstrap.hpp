@@ -2,13 +2,15 @@
 // (Open MPI's mpirun, prterun, Slurm's srun --mpi=pmix): rank and size come
 // from the launcher, blobs travel through its key-value store.
 //
-// Each rank PMIx_Puts one blob per allgather, commits it, and a PMIx_Fence
-// that collects data brings every rank's blob to every rank, read with
-// PMIx_Get. publish() puts and commits the same way, but its fence collects
-// nothing: it only says every rank has published. A later fetch() of one
-// rank is a PMIx_Get that the local server answers from what it holds, or
-// asks the rank's own server for (PMIx's direct modex), so a rank reads the
-// addresses it uses and no others. The fence and each get are bounded by the timeout (PMIX_TIMEOUT).
+// Each rank PMIx_Puts one blob per allgather or publish(), commits it, and
+// a PMIx_Fence that collects data brings every rank's blob to every node's
+// PMIx server. allgather() then reads every rank's blob with PMIx_Get;
+// after publish(), fetch() reads one, from the node's server, when it is
+// needed, so a rank decodes and keeps only the addresses it uses. (Direct
+// modex, a fence that collects nothing and each get asking the peer's own
+// server, would spare the servers too; Slurm 22.05's PMIx across two nodes
+// answered such gets "not found", so it is not relied on.) The fence and
+// each get are bounded by the timeout (PMIX_TIMEOUT).
 // Every failing PMIx call becomes an ami::Error naming the call and
 // PMIx_Error_string. PMIx is initialised for the bootstrap's life and
 // finalised by its destructor (PMIx counts nested initialisations, so an MPI
