@@ -355,13 +355,15 @@ void OfiDevice::on_entry(const fi_cq_data_entry& e, device::PacketSink& sink) {
       on_packet(e.data, static_cast<const std::byte*>(e.buf), e.len, sink);
     else if ((e.flags & FI_RECV) && e.len != 0)
       ++counters_.dropped;
-    // Handled, so the buffer may go back (packets held for order were copied).
-    if ((e.flags & FI_MULTI_RECV) && op != nullptr) post_receive(static_cast<std::uint32_t>(op->n));
-    // The rescue's message freed a receive entry: a buffer takes it now,
-    // before the provider's next progress gives it to another unexpected one.
+    // Handled, so the buffer may go back (packets held for order were
+    // copied). The rescue's message freed a receive entry: a buffer takes it
+    // now, before the provider's next progress gives it to another
+    // unexpected message.
     if (op == &rescue_op_) {
       rescue_posted_ = false;
       repost_receives();
+    } else if ((e.flags & FI_MULTI_RECV) && op != nullptr) {
+      post_receive(static_cast<std::uint32_t>(op->n));
     }
     return;
   }
@@ -381,10 +383,11 @@ void OfiDevice::on_error() {
   if (op == nullptr || op->lane == nullptr) {
     ++counters_.receive_errors;
     log("receive on context %u: %s (%s)", context_, fi_strerror(err.err), what != nullptr ? what : "");
-    if ((err.flags & FI_MULTI_RECV) && op != nullptr) post_receive(static_cast<std::uint32_t>(op->n));
     if (op == &rescue_op_) {
       rescue_posted_ = false;
       repost_receives();
+    } else if ((err.flags & FI_MULTI_RECV) && op != nullptr) {
+      post_receive(static_cast<std::uint32_t>(op->n));
     }
     return;
   }

@@ -69,7 +69,6 @@ OfiDevice::OfiDevice(OfiFabric& fabric, std::uint16_t context, std::uint32_t fif
   const std::size_t recv_total = buffers * recv_bytes_ + max_packet_ + kHeaderBytes;
   recv_memory_ = std::make_unique<std::byte[]>(recv_total);
   rescue_memory_ = recv_memory_.get() + buffers * recv_bytes_;
-  rescue_op_.n = buffers;
   if (mr_local_) {
     Status s = fabric.register_own(recv_memory_.get(), recv_total, recv_mr_);
     if (!s.ok()) throw Error(std::string("ofi: registering the receive buffers: ") + s.what());
