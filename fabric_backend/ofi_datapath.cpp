@@ -295,9 +295,52 @@ void OfiDevice::post_receive(std::uint32_t buffer) {
     ++counters_.receives_posted;
     return;
   }
-  if (rc != -FI_EAGAIN) log("fi_recvmsg (context %u): %s", context_, fi_strerror(static_cast<int>(-rc)));
+  if (rc == -FI_ENOMEM)
+    post_rescue();
+  else if (rc != -FI_EAGAIN)
+    log("fi_recvmsg (context %u): %s", context_, fi_strerror(static_cast<int>(-rc)));
   to_repost_.push_back(buffer);
   tending_ = true;
+}
+
+// libfabric 1.17's shm takes a receive entry from one pool, of rx_attr->size,
+// both for each receive posted and for each message that finds none posted
+// (unexpected), and that message keeps a slot of the endpoint's command
+// queue, of the same size, until a receive takes it. When every buffer is
+// full at once (a receiver that fell behind an injecting sender) the
+// unexpected messages can take every entry: each multi-receive post then
+// fails with ENOMEM, and nothing frees an entry, so both ends stop for good.
+// A receive without FI_MULTI_RECV takes the oldest unexpected message in the
+// entry that message holds, allocating none; once handled its entry is free
+// and a buffer goes back in it, and that buffer takes the other unexpected
+// messages in theirs. One packet long; the order holds, as the rescue takes
+// the oldest unexpected message and the buffer those after it.
+void OfiDevice::post_rescue() {
+  if (rescue_posted_) return;
+  iovec iov{rescue_memory_, std::size_t{max_packet_} + kHeaderBytes};
+  void* desc = recv_desc_;
+  const fi_msg msg{.msg_iov = &iov, .desc = &desc, .iov_count = 1, .addr = FI_ADDR_UNSPEC, .context = &rescue_op_,
+                   .data = 0};
+  const ssize_t rc = fi_recvmsg(ep_.ep.get(), &msg, FI_COMPLETION);
+  if (rc == 0) {
+    rescue_posted_ = true;
+    if (counters_.rescues++ == 0)
+      log("context %u: the provider has no receive entry left for a multi-receive buffer (fi_recvmsg: ENOMEM); "
+          "taking its unexpected messages one at a time until it has",
+          context_);
+    return;
+  }
+  if (rc != -FI_EAGAIN && rc != -FI_ENOMEM)
+    log("fi_recvmsg (context %u, rescue): %s", context_, fi_strerror(static_cast<int>(-rc)));
+  tending_ = true;  // tend() tries the buffers, and this, again
+}
+
+void OfiDevice::repost_receives() {
+  if (to_repost_.empty()) return;
+  std::vector<std::uint32_t> again;
+  again.swap(to_repost_);
+  to_repost_.reserve(again.capacity());
+  for (std::uint32_t b : again) post_receive(b);
 }
 
 void OfiDevice::on_entry(const fi_cq_data_entry& e, device::PacketSink& sink) {
@@ -312,8 +355,16 @@ void OfiDevice::on_entry(const fi_cq_data_entry& e, device::PacketSink& sink) {
       on_packet(e.data, static_cast<const std::byte*>(e.buf), e.len, sink);
     else if ((e.flags & FI_RECV) && e.len != 0)
       ++counters_.dropped;
-    // Handled, so the buffer may go back (packets held for order were copied).
-    if ((e.flags & FI_MULTI_RECV) && op != nullptr) post_receive(static_cast<std::uint32_t>(op->n));
+    // Handled, so the buffer may go back (packets held for order were
+    // copied). The rescue's message freed a receive entry: a buffer takes it
+    // now, before the provider's next progress gives it to another
+    // unexpected message.
+    if (op == &rescue_op_) {
+      rescue_posted_ = false;
+      repost_receives();
+    } else if ((e.flags & FI_MULTI_RECV) && op != nullptr) {
+      post_receive(static_cast<std::uint32_t>(op->n));
+    }
     return;
   }
   if (op == nullptr || op->lane == nullptr) return;
@@ -332,7 +383,12 @@ void OfiDevice::on_error() {
   if (op == nullptr || op->lane == nullptr) {
     ++counters_.receive_errors;
     log("receive on context %u: %s (%s)", context_, fi_strerror(err.err), what != nullptr ? what : "");
-    if ((err.flags & FI_MULTI_RECV) && op != nullptr) post_receive(static_cast<std::uint32_t>(op->n));
+    if (op == &rescue_op_) {
+      rescue_posted_ = false;
+      repost_receives();
+    } else if ((err.flags & FI_MULTI_RECV) && op != nullptr) {
+      post_receive(static_cast<std::uint32_t>(op->n));
+    }
     return;
   }
   OfiLane& lane = *op->lane;
@@ -460,12 +516,7 @@ std::size_t OfiDevice::tend(device::PacketSink& sink) {
     if (!lane.refused_.empty() || lane.posted_ < fifo.injected()) tending_ = true;
   }
   broken_lanes_ = 0;
-  if (!to_repost_.empty()) {
-    std::vector<std::uint32_t> again;
-    again.swap(to_repost_);
-    to_repost_.reserve(again.capacity());
-    for (std::uint32_t b : again) post_receive(b);
-  }
+  repost_receives();
   return work;
 }
 

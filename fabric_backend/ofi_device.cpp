@@ -65,9 +65,12 @@ OfiDevice::OfiDevice(OfiFabric& fabric, std::uint16_t context, std::uint32_t fif
   if (fifo_depth < 2 || (fifo_depth & (fifo_depth - 1)) != 0)
     throw Error("ofi: the injection FIFO depth must be a power of two");
   const std::uint32_t buffers = fabric.options().recv_buffers;
-  recv_memory_ = std::make_unique<std::byte[]>(buffers * recv_bytes_);
+  // The rescue receive's packet follows the buffers, in their registration.
+  const std::size_t recv_total = buffers * recv_bytes_ + max_packet_ + kHeaderBytes;
+  recv_memory_ = std::make_unique<std::byte[]>(recv_total);
+  rescue_memory_ = recv_memory_.get() + buffers * recv_bytes_;
   if (mr_local_) {
-    Status s = fabric.register_own(recv_memory_.get(), buffers * recv_bytes_, recv_mr_);
+    Status s = fabric.register_own(recv_memory_.get(), recv_total, recv_mr_);
     if (!s.ok()) throw Error(std::string("ofi: registering the receive buffers: ") + s.what());
     recv_desc_ = fi_mr_desc(recv_mr_.get());
     const std::uint32_t staging = fabric.options().staging;

@@ -141,6 +141,7 @@ class OfiDevice final : public device::Device {
     std::uint64_t dropped = 0;          // from no known origin, malformed, or a sequence already seen
     std::uint64_t receive_errors = 0;
     std::uint64_t receives_posted = 0;  // multi-receive buffers posted, first ones included
+    std::uint64_t rescues = 0;          // rescue receives posted (a multi-receive buffer refused: ENOMEM)
   };
   const Counters& counters() const { return counters_; }
 
@@ -180,6 +181,8 @@ class OfiDevice final : public device::Device {
                device::PacketSink& sink);
   Inbound* inbound(Endpoint origin);
   void post_receive(std::uint32_t buffer);
+  void post_rescue();
+  void repost_receives();
   void release_staging(OfiLane& lane, std::uint64_t n);
   std::size_t tend(device::PacketSink& sink);
   void watch_stalls();
@@ -210,6 +213,12 @@ class OfiDevice final : public device::Device {
   void* recv_desc_ = nullptr;
   std::unique_ptr<OpContext[]> recv_ops_;
   std::vector<std::uint32_t> to_repost_;
+  // One packet's receive (no FI_MULTI_RECV) after the buffers, posted while
+  // the provider refuses a multi-receive buffer for want of receive entries
+  // (see post_rescue()).
+  std::byte* rescue_memory_ = nullptr;
+  OpContext rescue_op_;
+  bool rescue_posted_ = false;
   // Staging packets, under FI_MR_LOCAL.
   std::unique_ptr<std::byte[]> staging_memory_;
   FiOwner<fid_mr> staging_mr_;

@@ -252,13 +252,10 @@ OfiFabric::OfiFabric(std::uint32_t task, std::uint32_t tasks, std::uint16_t cont
   // pieces, gets sends from registered memory whatever the option says.
   facts_.mr_local = options.mr_local.value_or(false) || (facts_.mr_mode & FI_MR_LOCAL) != 0 || facts_.iov_limit < 3;
   facts_.ordered = options.ordered && ordered(info_.get());
-  // Not on shm, though it says FI_ORDER_STRICT: with packets headerless a
-  // stream of 4096-byte messages (injected, or by CMA) ended, 5 runs in 30,
-  // with its receiver unable to post a receive again (fi_recvmsg: ENOMEM)
-  // and both ends stuck; sequenced, none in 55. The cause inside the
-  // provider is not found yet.
-  facts_.receives_in_order = options.ordered && facts_.name != "shm" &&
-                             (info_->rx_attr->comp_order & FI_ORDER_STRICT) != 0;
+  // Receives complete in the order sent (shm): packets need no sequence
+  // header, and a 4096-byte message over shm is one injected send (a header
+  // would make it 4100 bytes, past the inject size: a CMA copy).
+  facts_.receives_in_order = options.ordered && (info_->rx_attr->comp_order & FI_ORDER_STRICT) != 0;
   if (facts_.max_msg < 1024) throw Error("ofi: " + facts_.name + " carries messages of at most " +
                                          std::to_string(facts_.max_msg) + " bytes");
   const std::uint32_t wanted = options.packet_bytes.value_or(default_packet_bytes(facts_.name));

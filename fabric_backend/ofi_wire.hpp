@@ -11,8 +11,8 @@
 // lane's count of packets, so that a receiver restores each origin's order
 // where the provider completes receives out of order (rx comp_order without
 // FI_ORDER_STRICT: tcp;ofi_rxm completes a large message after later small
-// ones). Where receives complete in order packets carry no header at all
-// (shm says so, but stays sequenced: see OfiFabric's facts).
+// ones). Where receives complete in order (shm) packets carry no header at
+// all.
 //
 // All of it is untrusted input: a receiver drops and counts what does not
 // parse or names no peer it knows.
