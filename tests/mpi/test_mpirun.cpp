@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "ami/ami.hpp"
+#include "pmix_job.hpp"
 
 // Under LeakSanitizer: libpmix keeps a few bytes of PMIx_Init (a failed
 // one too) past PMIx_Finalize, which are not ours to free.
@@ -33,7 +34,7 @@ extern "C" const char* __lsan_default_suppressions() { return "leak:libpmix.so\n
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using test::Clock;
 
 ami::Client* the_client = nullptr;  // every rank's one Client, built by main
 std::uint32_t expected_ranks = 0;   // from --ranks=N: what the launcher was asked for; 0: unchecked
@@ -190,44 +191,9 @@ struct Exchange {
   }
 };
 
-// Advances until done() or the deadline; false on the deadline.
-template <typename Done>
-bool advance_until(ami::Context& c, Done done, Clock::time_point end) {
-  while (!done()) {
-    if (Clock::now() >= end) return false;
-    (void)c.advance();
-  }
-  return true;
-}
+using test::advance_until;
 
-// The launcher's fence, entered without blocking: the rank goes on
-// advancing until every rank has entered it, so that a peer still waiting
-// for this rank's acks or for a GET of its memory gets them. Its status
-// lives in a static: the callback may come after a timed-out wait returned.
-std::atomic<int> fence_status{1};  // 1: pending, else the pmix_status_t
-constexpr int kPending = 1;
-
-bool meet_everyone(ami::Context& c, std::string& why) {
-  pmix_proc_t everyone = pmix_self;
-  everyone.rank = PMIX_RANK_WILDCARD;
-  fence_status = kPending;
-  const pmix_status_t rc = PMIx_Fence_nb(&everyone, 1, nullptr, 0,
-                                         [](pmix_status_t status, void*) { fence_status = status; }, nullptr);
-  if (rc == PMIX_OPERATION_SUCCEEDED) return true;
-  if (rc != PMIX_SUCCESS) {
-    why = std::string("PMIx_Fence_nb: ") + PMIx_Error_string(rc);
-    return false;
-  }
-  if (!advance_until(c, [] { return fence_status.load() != kPending; }, Clock::now() + kDeadline)) {
-    why = "the closing fence timed out: a rank did not finish";
-    return false;
-  }
-  if (fence_status != PMIX_SUCCESS) {
-    why = std::string("the closing fence failed: ") + PMIx_Error_string(fence_status);
-    return false;
-  }
-  return true;
-}
+bool meet_everyone(ami::Context& c, std::string& why) { return test::meet_everyone(c, pmix_self, why); }
 
 std::uint32_t pmix_job_size() {
   pmix_proc_t job = pmix_self;
