@@ -16,9 +16,10 @@ inline constexpr ParamSpec kParams[] = {
     {"AMI_VERBS_GID_INDEX", "auto", ParamType::unsigned_int, 0, 255,
      "GID index for RoCE: auto picks the RoCE v2 IPv4-mapped GID; or a number, at most 255.", true},
     {"AMI_VERBS_CM", "auto", ParamType::boolean, 0, 1,
-     "How lanes get their queue pairs, each on first use: off or auto, by a handshake over the "
-     "context's UD queue pair (InfiniBand and RoCE); on, by rdma_cm, each context listening on a "
-     "port of its own (RoCE only: for fabrics where IP routing must find the path).", true},
+     "How lanes get their queue pairs, each on first use: on, by rdma_cm, each context listening "
+     "on a port of its own (RoCE only); off, by a handshake over the context's UD queue pair "
+     "(InfiniBand and RoCE); auto: rdma_cm where the port's GID holds a routable IP address "
+     "(RoCE), the handshake elsewhere.", true},
     {"AMI_VERBS_MTU", "auto", ParamType::power_of_two, 256, 4096,
      "Largest path MTU: auto (the port's active MTU) or 256, 512, 1024, 2048, 4096.", true},
     {"AMI_VERBS_SQ_DEPTH", "256", ParamType::unsigned_int, 2, 65536,

@@ -65,7 +65,7 @@ struct VerbsOptions {
   std::optional<std::uint32_t> max_inline;   // unset: the most the device takes (probed at the first QP); 0: never inline
   ibv_mtu mtu_cap = IBV_MTU_4096;            // path MTU at most this (and the port's active MTU)
   std::optional<std::uint64_t> max_rdma;     // largest RDMA WRITE or READ per work request; unset: the port's max_msg_sz
-  std::optional<bool> use_rdma_cm;           // true: rdma_cm; unset or false: the handshake
+  std::optional<bool> use_rdma_cm;           // true: rdma_cm; false: the handshake; unset: rdma_cm on RoCE
   bool immediate = Param("AMI_VERBS_IMMEDIATE").default_as<bool>();  // packets with a compact form go as SEND with immediate
   std::uint32_t staging_bytes = 64 * 1024;   // per lane: registered ring packet payloads are copied into (at least 2 x bounce_bytes)
   // rdma_cm: for all lanes to one peer; handshake: for one lane, from its

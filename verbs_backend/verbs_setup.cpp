@@ -104,6 +104,17 @@ void ContextQueues::remove_route(std::uint32_t qpn) {
   recent_route = nullptr;
 }
 
+namespace {
+
+// AMI_VERBS_CM=auto: rdma_cm where the port's GID holds a routable IP
+// address (RoCE), the handshake elsewhere (InfiniBand; a link-local GID).
+bool rdma_cm_by_default(const PortInfo& port) {
+  if (port.link_layer != IBV_LINK_LAYER_ETHERNET) return false;
+  const bool link_local = port.gid.raw[0] == 0xfe && (port.gid.raw[1] & 0xc0) == 0x80;
+  return gid_is_ipv4(port.gid) || !link_local;
+}
+
+}  // namespace
 
 VerbsDomain::VerbsDomain(std::uint32_t task, std::uint32_t tasks, std::uint16_t contexts,
                          const VerbsOptions& options, device::RegionTable& regions)
@@ -117,7 +128,8 @@ VerbsDomain::VerbsDomain(std::uint32_t task, std::uint32_t tasks, std::uint16_t 
   if (options_.srq_depth > static_cast<std::uint32_t>(port_.max_srq_wr))
     throw Error("verbs: srq_depth " + std::to_string(options_.srq_depth) + " exceeds " + port_.device +
                 "'s max_srq_wr " + std::to_string(port_.max_srq_wr));
-  method_ = options_.use_rdma_cm.value_or(false) ? ConnectMethod::rdma_cm : ConnectMethod::handshake;
+  method_ = options_.use_rdma_cm.value_or(rdma_cm_by_default(port_)) ? ConnectMethod::rdma_cm
+                                                                      : ConnectMethod::handshake;
   nonce_ = (std::uint64_t{std::random_device{}()} << 32) | std::random_device{}() | 1;
   peer_rendezvous_.resize(std::size_t{tasks_} * contexts_);
   pd_.reset(require(ibv_alloc_pd(device_.get()), "ibv_alloc_pd"));
