@@ -16,8 +16,8 @@
 #include <limits>
 #include <mutex>
 #include <optional>
-#include <unordered_map>
 #include <random>
+#include <unordered_map>
 
 #include "address_blob.hpp"
 #include "backend_set.hpp"
@@ -48,7 +48,7 @@ std::string hostname() {
 
 }  // namespace
 
-// The Client is also its devices' PeerDirectory (ami/device/backend.hpp):
+// The Client is also its devices' PeerDirectory (ami/device/peer_directory.hpp):
 // where a context asks about a task whose address it has not learnt.
 struct Client::Impl final : device::PeerDirectory {
   explicit Impl(ClientOptions& o, std::unique_ptr<bootstrap::Bootstrap> b)
