@@ -29,7 +29,12 @@ bool advance_until(ami::Context& c, Done done, Clock::time_point end) {
 
 // The launcher's fence over every rank of self's namespace, entered without
 // blocking, c advanced meanwhile. Its status lives in a static: the
-// callback may come after a timed-out wait returned.
+// callback may come after a timed-out wait returned. The fence asks to
+// collect data (there is none): Slurm's mpi/pmix plugin takes a fence that
+// collects nothing through another collective, which across two nodes let
+// one node's ranks out before the other node's were in (see
+// PmixBootstrap::barrier), so it would not hold a rank back while a peer
+// still sends to it.
 inline bool meet_everyone(ami::Context& c, const pmix_proc_t& self, std::string& why,
                           std::chrono::seconds patience = std::chrono::seconds(60)) {
   static std::atomic<int> status{0};
@@ -37,7 +42,15 @@ inline bool meet_everyone(ami::Context& c, const pmix_proc_t& self, std::string&
   pmix_proc_t everyone = self;
   everyone.rank = PMIX_RANK_WILDCARD;
   status = kPending;
-  const pmix_status_t rc = PMIx_Fence_nb(&everyone, 1, nullptr, 0,
+  // (Kept, as the call's status is: PMIx may read it until the callback.)
+  static pmix_info_t collect = [] {
+    pmix_info_t i;
+    PMIX_INFO_CONSTRUCT(&i);
+    const bool yes = true;
+    PMIX_INFO_LOAD(&i, PMIX_COLLECT_DATA, &yes, PMIX_BOOL);
+    return i;
+  }();
+  const pmix_status_t rc = PMIx_Fence_nb(&everyone, 1, &collect, 1,
                                          [](pmix_status_t s, void*) { status = s; }, nullptr);
   if (rc == PMIX_OPERATION_SUCCEEDED) return true;
   if (rc != PMIX_SUCCESS) {

@@ -229,6 +229,11 @@ Blob PmixBootstrap::fetch(std::uint32_t rank) const {
   return m.read(rank, key);
 }
 
-void PmixBootstrap::barrier() { impl_->fence(false, "barrier"); }
+// A fence that collects (nothing new): Slurm's mpi/pmix plugin runs fences
+// that collect nothing on another collective (its tree) than those that do
+// (its ring), and in a two-node step the tree fence was measured letting
+// one node's ranks through before the other node's had entered (by
+// seconds), so it is no barrier there; the collecting one is.
+void PmixBootstrap::barrier() { impl_->fence(true, "barrier"); }
 
 }  // namespace ami::bootstrap
