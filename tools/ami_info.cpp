@@ -1,6 +1,8 @@
 // ami_info — what this build of ami offers on this machine, and its
 // configuration (-c): every AMI_* variable with its default, current value
-// and documentation, under the component that declares it.
+// and documentation, under the component that declares it. Started as a
+// task of a job (srun, mpirun, or AMI_RANK/AMI_SIZE), -p adds which backend
+// reaches each other task of the job from this one.
 #include <unistd.h>
 
 #include <cstdio>
@@ -54,17 +56,35 @@ void print_lines(const std::string& lines, bool backend_lines) {
   }
 }
 
+// One line per other task: the backend its context 0 is reached by from
+// this task's context 0 (learning its address now when addresses come on
+// first use; no lane is made), "none" when no backend reaches it.
+void print_peers(ami::Client& client) {
+  ami::Context& c = client.context(0);
+  if (client.size() == 1) std::printf("# peers: none (a job of one task)\n");
+  for (std::uint32_t t = 0; t < client.size(); ++t) {
+    if (t == client.task()) continue;
+    const std::string_view via = c.backend_for({t, 0});
+    std::printf("# peer task %u: %.*s\n", t, static_cast<int>(via.empty() ? 4 : via.size()),
+                via.empty() ? "none" : via.data());
+  }
+}
+
 int usage(const char* argv0) {
-  std::fprintf(stderr, "usage: %s [-c] [-h]\n  -c  print the configuration table\n", argv0);
+  std::fprintf(stderr,
+               "usage: %s [-c] [-p] [-h]\n  -c  print the configuration table\n"
+               "  -p  also name the backend that reaches each peer task (context 0)\n",
+               argv0);
   return 2;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool config = false;
+  bool config = false, peers = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "-c") == 0) config = true;
+    else if (std::strcmp(argv[i], "-p") == 0) peers = true;
     else if (std::strcmp(argv[i], "-h") == 0) return usage(argv[0]) == 2 ? 0 : 1;
     else return usage(argv[0]);
   }
@@ -96,6 +116,7 @@ int main(int argc, char** argv) {
     std::printf("# task %u of %u, %u context(s), bootstrap %.*s\n", client.task(), client.size(),
                 client.context_count(), static_cast<int>(bootstrap.size()), bootstrap.data());
     print_lines(client.describe_backends(), true);
+    if (peers) print_peers(client);
   } catch (const ami::Error& e) {
     std::fprintf(stderr, "ami_info: %s\n", e.what());
     return 1;

@@ -7,7 +7,10 @@
 # both nodes take jobs, typically srun --mpi=pmix -N 2 -n 4 PROGRAM. The
 # cluster is torn down however it ends, under ami-vm-pair's watchdog
 # (--timeout) and its console-log keeping; on a failure both nodes' daemon
-# logs are printed.
+# logs are printed. A job may stop node-b whole (its VM paused, as a node
+# that hangs): COMMAND creates $AMI_CLUSTER_SHARED/stop-b, this script
+# pauses node-b's qemu (SIGSTOP) and says so in stopped-b; cont-b (or the
+# end of the cluster) lets it go on.
 #
 # usage: cluster.sh [--timeout SECONDS] [--share DIR]... -- COMMAND [ARGS...]
 # Exit status: COMMAND's; 77 with SKIPPED where the VMs or Slurm cannot run.
@@ -37,7 +40,44 @@ if [[ ! -r /etc/munge/munge.key ]]; then
 fi
 
 shared=$(mktemp -d /tmp/ami-cluster.XXXXXX)
-trap 'rm -rf "$shared"' EXIT
+
+# node-b's qemu: the one of this script's descendants that connects to the
+# link (node-a's listens).
+node_b_qemu() {
+  local pid up
+  for pid in $(pgrep -f 'socket,id=link,connect=127\.0\.0\.1:'); do
+    up=$pid
+    while ((up > 1)); do
+      ((up == $$)) && { echo "$pid"; return 0; }
+      up=$(awk '/^PPid:/ {print $2}' "/proc/$up/status" 2>/dev/null) || break
+      [[ -n $up ]] || break
+    done
+  done
+  return 1
+}
+watch_stop_requests() {
+  local pid
+  while sleep 0.2; do
+    if [[ -e $shared/stop-b ]] && pid=$(node_b_qemu); then
+      kill -STOP "$pid" && echo "cluster: node-b's VM paused (qemu $pid)"
+      rm -f "$shared/stop-b"
+      echo "$pid" >"$shared/stopped-b"
+    fi
+    if [[ -e $shared/cont-b && -e $shared/stopped-b ]]; then
+      kill -CONT "$(cat "$shared/stopped-b")" && echo "cluster: node-b's VM goes on"
+      rm -f "$shared/cont-b" "$shared/stopped-b"
+    fi
+  done
+}
+watch_stop_requests &
+watcher=$!
+finish() {
+  kill "$watcher" 2>/dev/null
+  wait "$watcher" 2>/dev/null
+  [[ -e $shared/stopped-b ]] && kill -CONT "$(cat "$shared/stopped-b")" 2>/dev/null
+  rm -rf "$shared"
+}
+trap finish EXIT
 "$here/../rxe/ami-vm-pair" --timeout "$timeout" --share "$shared" --share "$here/.." "${shares[@]}" \
   -- "$here/node.sh" a "$shared" -- "$@" \
   --- "$here/node.sh" b "$shared"

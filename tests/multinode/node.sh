@@ -35,9 +35,17 @@ for controller in cpuset cpu memory pids; do
   echo "+$controller" >/sys/fs/cgroup/system.slice/cgroup.subtree_control 2>/dev/null
 done
 pids=()
+# The daemons are asked to end, then killed after 10 s: a slurmd whose
+# node was paused, or whose controller is gone, may not end by itself.
 cleanup() {
-  local pid
+  local pid i
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; done
+  for ((i = 0; i < 100; ++i)); do
+    for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && break; done
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  for pid in "${pids[@]}"; do kill -KILL "$pid" 2>/dev/null; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null; done
 }
 trap cleanup EXIT
@@ -53,7 +61,8 @@ munged --force -S "$run/munge/socket" --key-file /etc/munge/munge.key --pid-file
   { echo "node $role: munged did not start"; cat "$run/log/munged.log"; exit 1; }
 
 # The same configuration on both nodes: auth by munge, no cgroups, more
-# CPUs than the guest has (tests busy-poll and may oversubscribe), PMIx.
+# CPUs than the guest has (tests busy-poll and may oversubscribe), PMIx, a
+# node that stops answering declared down (and its jobs failed) in 30 s.
 cat >"$run/slurm.conf" <<EOF
 ClusterName=ami-multinode
 SlurmctldHost=node-a($NODE_A)
@@ -82,6 +91,7 @@ MpiDefault=pmix
 ReturnToService=2
 SlurmdParameters=config_overrides
 KillWait=5
+SlurmdTimeout=30
 NodeName=node-a NodeAddr=$NODE_A CPUs=8 State=UNKNOWN
 NodeName=node-b NodeAddr=$NODE_B CPUs=8 State=UNKNOWN
 PartitionName=ami Nodes=node-a,node-b Default=YES MaxTime=15 State=UP OverSubscribe=FORCE:8
@@ -105,6 +115,7 @@ if [[ $role == b ]]; then
   # ami-vm-pair then stops this one).
   until [[ -e $shared/done ]]; do sleep 0.5; done
   [[ -e $shared/failed ]] && keep_logs
+  echo "node b: the cluster is done"
   exit 0
 fi
 
@@ -125,6 +136,7 @@ echo "node a: two-node cluster up after $SECONDS s: $(sinfo -h -N -o '%N:%t' | p
 # connected.
 srun -N 2 --ntasks-per-node=1 bash -c "ping -c 2 -W 2 $NODE_A >/dev/null; ping -c 2 -W 2 $NODE_B >/dev/null; ip neigh" ||
   echo "node a: warning: the nodes could not ping each other"
+export AMI_CLUSTER_SHARED=$shared  # where a job asks for node-b to stop (cluster.sh)
 "$@"
 rc=$?
 ((rc != 0)) && { keep_logs; touch "$shared/failed"; }

@@ -43,6 +43,8 @@ constexpr auto kDeadline = std::chrono::seconds(120);
 pmix_proc_t pmix_self{};
 std::vector<bool> on_my_node;  // by task: shares this task's node (PMIX_LOCAL_PEERS)
 bool kill_mode = false;
+const char* stop_file = nullptr;  // --stop-node=FILE
+bool failure_mode() { return kill_mode || stop_file != nullptr; }
 
 std::uint8_t byte_at(std::size_t i, std::uint32_t origin, std::uint32_t dest, std::size_t size) {
   return static_cast<std::uint8_t>(i * 7 + (i >> 12) + origin * 31 + dest * 13 + size % 251);
@@ -127,7 +129,7 @@ struct Exchange {
 }  // namespace
 
 TEST_CASE("each task reaches its own node's tasks by shm and the other node's by verbs") {
-  if (kill_mode) return;
+  if (failure_mode()) return;
   ami::Client client(ami::ClientOptions{.name = "reach", .contexts = 1});
   ami::Context& c = client.context(0);
   bool other_node = false;
@@ -143,7 +145,7 @@ TEST_CASE("each task reaches its own node's tasks by shm and the other node's by
 }
 
 TEST_CASE("active messages of 1 B to 64 MiB in every rendezvous mode, between and within nodes, every byte checked") {
-  if (kill_mode) return;
+  if (failure_mode()) return;
   constexpr std::array<std::size_t, 5> kSizes = {1, 4096, 65536, 1 << 20, 64 << 20};
   for (const char* mode : {"discard_get", "split_get", "stop_put"}) {
     CAPTURE(mode);
@@ -189,7 +191,7 @@ TEST_CASE("active messages of 1 B to 64 MiB in every rendezvous mode, between an
 }
 
 TEST_CASE("PUT, GET and fence to every task, across nodes and within") {
-  if (kill_mode) return;
+  if (failure_mode()) return;
   constexpr std::size_t kBytes = 1 << 20;
   ami::Client client(ami::ClientOptions{.name = "rdma", .contexts = 1});
   ami::Context& c = client.context(0);
@@ -308,7 +310,7 @@ void every_collective(ami::Context& c, ami::Geometry& g) {
 }  // namespace
 
 TEST_CASE("every collective on the world, and on a geometry spread unevenly over the nodes") {
-  if (kill_mode) return;
+  if (failure_mode()) return;
   ami::Client client(ami::ClientOptions{.name = "collectives", .contexts = 1});
   ami::Context& c = client.context(0);
   ami::Collectives coll(c, kCollectives);
@@ -397,10 +399,64 @@ TEST_CASE("kill -9 of the last task: survivors on both nodes see it fail in boun
   every_collective(c, *g);
 }
 
+// The other node stopped whole (its VM paused, by whoever watches
+// FILE): the tasks on task 0's node fail every task of the other node
+// through keepalives and retries in bounded time, and go on among
+// themselves; the stopped node's tasks only advance until then (frozen,
+// they end with the step, which the launcher fails).
+TEST_CASE("the other node stopped: this node's tasks fail all of its tasks in bounded time and go on") {
+  if (stop_file == nullptr) return;
+  ami::Client client(ami::ClientOptions{.name = "stop", .contexts = 1});
+  ami::Context& c = client.context(0);
+  ami::Collectives coll(c, kCollectives);
+  const std::uint32_t n = client.size(), me = client.task();
+  // Everyone talks to everyone first, so every lane exists.
+  every_collective(c, coll.world());
+  REQUIRE(meet(c));
+  std::vector<std::uint32_t> here, there;
+  for (std::uint32_t t = 0; t < n; ++t) (on_my_node[t] == on_my_node[0] ? here : there).push_back(t);
+  REQUIRE_MESSAGE(!there.empty(), "the job does not span two nodes");
+  if (!on_my_node[0]) {
+    (void)advance_until(c, [] { return false; }, Clock::now() + kDeadline);
+    return;
+  }
+  std::vector<bool> failed(n, false);
+  std::size_t failures = 0;
+  struct Seen {
+    std::vector<bool>* failed;
+    std::size_t* failures;
+  } seen{&failed, &failures};
+  c.set_error_handler({+[](void* cookie, ami::Endpoint e, ami::Status s) {
+                         auto* seen = static_cast<Seen*>(cookie);
+                         if (s.code() == ami::StatusCode::peer_failed && !(*seen->failed)[e.task]) {
+                           (*seen->failed)[e.task] = true;
+                           ++*seen->failures;
+                         }
+                       },
+                       &seen});
+  if (me == 0) {
+    std::FILE* f = std::fopen(stop_file, "w");
+    REQUIRE_MESSAGE(f != nullptr, "cannot ask for the other node to stop: ", stop_file);
+    std::fclose(f);
+  }
+  const auto start = Clock::now();
+  CHECK_MESSAGE(advance_until(c, [&] { return failures == there.size(); }, start + std::chrono::seconds(90)),
+                "task ", me, ": ", failures, " of the stopped node's ", there.size(), " tasks failed within 90 s");
+  MESSAGE("task ", me, ": the stopped node's ", there.size(), " tasks failed after ",
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count(), " ms");
+  for (std::uint32_t t : there) CHECK(c.peer_status({t, 0}).code() == ami::StatusCode::peer_failed);
+  // This node's tasks go on among themselves.
+  ami::Geometry* g = nullptr;
+  REQUIRE(coll.create_geometry(11, here, g).ok());
+  every_collective(c, *g);
+}
+
 int main(int argc, char** argv) {
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {
-    if (std::string_view(argv[i]) == "--kill") kill_mode = true;
+    const std::string_view a = argv[i];
+    if (a == "--kill") kill_mode = true;
+    else if (a.starts_with("--stop-node=")) stop_file = argv[i] + 12;
     else args.push_back(argv[i]);
   }
   if (std::getenv("PMIX_NAMESPACE") == nullptr || std::getenv("PMIX_RANK") == nullptr) {
@@ -431,8 +487,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "test_multinode: task %u: %s\n", pmix_self.rank, e.what());
     }
   }
-  // (After a kill, the launcher's session has a dead rank: no fence at
-  // the end, and finalising may not be answered.)
-  if (!kill_mode) (void)PMIx_Finalize(nullptr, 0);
+  // (After a kill or a stopped node, the launcher's session has a dead or
+  // frozen rank: no fence at the end, and finalising may not be answered.)
+  if (!failure_mode()) (void)PMIx_Finalize(nullptr, 0);
   return failed != 0 ? 1 : 0;
 }
