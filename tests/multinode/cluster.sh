@@ -8,7 +8,7 @@
 # cluster is torn down however it ends, under ami-vm-pair's watchdog
 # (--timeout) and its console-log keeping; on a failure both nodes' daemon
 # logs are printed. A job may stop node-b whole (its VM paused, as a node
-# that hangs): COMMAND creates $AMI_CLUSTER_SHARED/stop-b, this script
+# that hangs): COMMAND creates $MULTINODE_SHARED/stop-b, this script
 # pauses node-b's qemu (SIGSTOP) and says so in stopped-b; cont-b (or the
 # end of the cluster) lets it go on.
 #

@@ -131,12 +131,9 @@ until (($(sinfo -h -N -o '%N %t' 2>/dev/null | grep -cE ' (idle|mix|alloc)') == 
   sleep 0.5
 done
 echo "node a: two-node cluster up after $SECONDS s: $(sinfo -h -N -o '%N:%t' | paste -sd' ')"
-# Both nodes' neighbour entries made before any queue pair is: a RoCE queue
-# pair takes its peer's MAC address from the neighbour table when it is
-# connected.
-srun -N 2 --ntasks-per-node=1 bash -c "ping -c 2 -W 2 $NODE_A >/dev/null; ping -c 2 -W 2 $NODE_B >/dev/null; ip neigh" ||
-  echo "node a: warning: the nodes could not ping each other"
-export AMI_CLUSTER_SHARED=$shared  # where a job asks for node-b to stop (cluster.sh)
+# Where a job asks for node-b to stop (cluster.sh). (Not an AMI_* name:
+# ami warns of AMI_* variables it does not know.)
+export MULTINODE_SHARED=$shared
 "$@"
 rc=$?
 ((rc != 0)) && { keep_logs; touch "$shared/failed"; }

@@ -74,12 +74,12 @@ step ami_info_peers peers_step
 # 22.05's srun then exits 0: the tasks it heard from ended well).
 stop_step() {
   local out rc start=$SECONDS
-  : "${AMI_CLUSTER_SHARED:?set by node.sh: where to ask cluster.sh to stop node-b}"
-  rm -f "$AMI_CLUSTER_SHARED/cont-b"
+  : "${MULTINODE_SHARED:?set by node.sh: where to ask cluster.sh to stop node-b}"
+  rm -f "$MULTINODE_SHARED/cont-b"
   out=$(timeout -k 10 240 srun --mpi=pmix --label --kill-on-bad-exit=0 -N 2 -n 4 --ntasks-per-node=2 \
-    "$build/tests/multinode/test_multinode" --stop-node="$AMI_CLUSTER_SHARED/stop-b" 2>&1)
+    "$build/tests/multinode/test_multinode" --stop-node="$MULTINODE_SHARED/stop-b" 2>&1)
   rc=$?
-  touch "$AMI_CLUSTER_SHARED/cont-b"
+  touch "$MULTINODE_SHARED/cont-b"
   echo "$out"
   echo "srun ended with status $rc after $((SECONDS - start)) s"
   ((rc != 124 && rc != 137)) || { echo "srun did not end by itself"; return 1; }
