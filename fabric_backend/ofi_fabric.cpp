@@ -182,9 +182,18 @@ std::uint32_t default_packet_bytes(const std::string& provider) {
   return static_cast<std::uint32_t>(eager - kHeadroom - kHeaderBytes);
 }
 
+// The largest default_packet_bytes() gives, whatever the provider.
+std::uint32_t largest_default_packet_bytes() {
+  return std::max(default_packet_bytes("shm"), default_packet_bytes("ofi_rxm"));
+}
+
 std::string order_text(std::uint64_t order) { return fi_tostr(&order, FI_TYPE_MSG_ORDER); }
 
 }  // namespace
+
+std::uint32_t OfiFabric::packet_bytes_bound(const OfiOptions& options) {
+  return options.packet_bytes.value_or(largest_default_packet_bytes());
+}
 
 void OfiFabric::set_universe(std::uint32_t tasks) {
   setenv("FI_UNIVERSE_SIZE", std::to_string(std::max<std::uint32_t>(tasks, 2)).c_str(), 0);

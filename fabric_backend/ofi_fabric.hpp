@@ -136,6 +136,9 @@ class OfiFabric {
   // The largest packet a lane sends: AMI_OFI_PACKET_SIZE and room for the
   // protocol's headers (kHeadroom); a sequence header may come on top.
   std::uint32_t max_packet() const { return packet_bytes_ + kHeadroom; }
+  // AMI_OFI_PACKET_SIZE before a provider is chosen: the size set, or the
+  // largest auto gives on any provider (a bound for the memory demand).
+  static std::uint32_t packet_bytes_bound(const OfiOptions& options);
 
   // This task's entry in its address blob: the provider's name and one
   // endpoint name per context.

@@ -19,6 +19,7 @@
 #include "self_config.hpp"
 #include "shm_config.hpp"
 #include "ofi_config.hpp"
+#include "ofi_wire.hpp"
 #include "verbs_domain.hpp"
 
 namespace core = ami::core;
@@ -319,6 +320,26 @@ TEST_CASE("the settings' memory is checked against the host before a client allo
     if (d.what.starts_with("injection FIFOs")) named = d.figures.starts_with("65536 x 16 x ");
   CHECK(named);
   CHECK_THROWS_AS(ami::check_memory_budget(fifo, 4, 1024, std::uint64_t{1} << 28), ami::Error);
+
+  // The ofi backend's share: each context's multi-receive buffers and its
+  // rescue receive's packet (AMI_OFI_PACKET_SIZE and room for the headers;
+  // with auto, the largest auto gives).
+  ami::Config ofi_set;
+  REQUIRE(ofi_set.set("AMI_BACKENDS", "ofi").ok());
+  REQUIRE(ofi_set.set("AMI_OFI_PACKET_SIZE", "8192").ok());
+  std::uint64_t rescue = 0, buffers = 0;
+  for (const ami::MemoryDemand& d : ami::memory_demands(ofi_set, 3, 2)) {
+    if (d.what.starts_with("ofi rescue receive")) rescue = d.bytes;
+    if (d.what.starts_with("ofi receive buffers")) buffers = d.bytes;
+  }
+  CHECK(buffers == 3 * 4 * (std::uint64_t{1} << 20));
+  CHECK(rescue == 3 * (8192 + ofi::kHeadroom + ofi::kHeaderBytes));
+  ami::Config ofi_auto;
+  REQUIRE(ofi_auto.set("AMI_BACKENDS", "ofi").ok());
+  rescue = 0;
+  for (const ami::MemoryDemand& d : ami::memory_demands(ofi_auto, 3, 2))
+    if (d.what.starts_with("ofi rescue receive")) rescue = d.bytes;
+  CHECK(rescue >= 3 * (65536 + ofi::kHeadroom + ofi::kHeaderBytes));
 
   // The largest settings on the most contexts: products add up without
   // wrapping to a small number.

@@ -1,5 +1,6 @@
 // tools/harness/session.cpp — the two sides of a measurement and how they
-// are started. The server is passive: it echoes (send and write latency),
+// are started. The server is passive: it answers (send latency: a message
+// of the same size from its own buffer) or writes back (write latency),
 // absorbs (bandwidth), hands out a registered buffer's key (PUT/GET) and
 // answers syncs; the client drives and prints.
 #include <sched.h>
@@ -231,17 +232,11 @@ class Server {
       if (latency) recv->done = {&Server::on_echo_ready, s};
       return;
     }
-    if (!latency) return;
-    if (!s->echo_remote_done_) {
-      const Status sent = try_send_immediate(s->c_, s->peer_, s->immediate_, in.payload);
-      if (sent != StatusCode::no_resource) return check(sent);
-    }
-    // send() reads the payload until local_done: from the buffer, not from
-    // the arrival, which is gone when the handler returns (the registered
-    // buffer goes as it lies: one copy, as the staging of the arrival's
-    // bytes would be).
-    std::memcpy(s->buffer_.data(), in.payload.data(), in.payload.size());
-    s->echo(in.payload.size());
+    // The answer is a message of the same size from the server's own
+    // registered buffer, as ib_send_lat and fi_pingpong answer: neither
+    // copies what came (the arrival is gone when the handler returns, and
+    // send() reads its payload until local_done).
+    if (latency) s->echo(in.payload.size());
   }
   static void on_control(void* self, const Incoming& in, Receive*) {
     auto* s = static_cast<Server*>(self);

@@ -154,6 +154,18 @@ Status AmEngine::send(const SendParams& p) {
     return {StatusCode::invalid_argument,
             "send: the header leaves no room for data in the lane's packets (AMI_SHM_CELL_SIZE)"};
   if (one_packet && !p.remote_done && peer.state->head == nullptr) {
+    // No callback: a device that sends the compact form may take the
+    // message to the wire at once (it copies what it sends, as for
+    // send_immediate(): a 4096-byte message over libfabric's shm is an
+    // injected send), with no descriptor built.
+    if (!p.local_done && lane->sends_compact() &&
+        lane->send_compact(wire::compact_short(p.dispatch, static_cast<std::uint16_t>(p.header.size())), p.header,
+                           p.payload)) {
+      ++stats_.messages_sent;
+      ++stats_.packets_sent;
+      stats_.bytes_sent += p.payload.size();
+      return Status::success();
+    }
     // Fast path: no request at all; the user's callback is listed directly.
     if (device::Descriptor* d = lane->fifo().try_reserve()) {
       const auto n = static_cast<std::uint32_t>(p.payload.size());
