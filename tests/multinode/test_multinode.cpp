@@ -40,6 +40,20 @@ constexpr std::uint16_t kDispatch = 21;
 constexpr std::uint16_t kCollectives = 22;
 constexpr auto kDeadline = std::chrono::seconds(120);
 
+// Whether a callback ran, and the status it was given.
+struct Outcome {
+  bool done = false;
+  ami::Status status;
+  ami::Callback callback() {
+    return {+[](void* cookie, ami::Status s) {
+              auto* o = static_cast<Outcome*>(cookie);
+              o->done = true;
+              o->status = s;
+            },
+            this};
+  }
+};
+
 pmix_proc_t pmix_self{};
 std::vector<bool> on_my_node;  // by task: shares this task's node (PMIX_LOCAL_PEERS)
 bool kill_mode = false;
@@ -260,22 +274,12 @@ namespace {
 // Runs one collective call to completion (or the deadline).
 template <typename Call>
 void collective(ami::Context& c, const char* what, Call call) {
-  bool done = false;
-  ami::Status result;
-  struct Flag {
-    bool* done;
-    ami::Status* result;
-  } f{&done, &result};
-  const ami::Callback cb{+[](void* cookie, ami::Status s) {
-                           auto* f = static_cast<Flag*>(cookie);
-                           *f->done = true;
-                           *f->result = s;
-                         },
-                         &f};
-  const ami::Status st = call(cb);
+  Outcome result;
+  const ami::Status st = call(result.callback());
   REQUIRE_MESSAGE(st.ok(), what, ": ", ami::to_string(st));
-  REQUIRE_MESSAGE(advance_until(c, [&] { return done; }, Clock::now() + kDeadline), what, " did not complete");
-  CHECK_MESSAGE(result.ok(), what, ": ", ami::to_string(result));
+  REQUIRE_MESSAGE(advance_until(c, [&] { return result.done; }, Clock::now() + kDeadline), what,
+                  " did not complete");
+  CHECK_MESSAGE(result.status.ok(), what, ": ", ami::to_string(result.status));
 }
 
 // barrier, broadcast, reduce, allreduce (8 B and 1 MiB), allgather on g,
@@ -367,30 +371,20 @@ TEST_CASE("kill -9 of the last task: survivors on both nodes see it fail in boun
                        &seen});
   // A message to it, whose remote done must come back failed.
   std::uint8_t byte = 1;
-  bool done = false;
-  ami::Status status;
-  struct Flag {
-    bool* done;
-    ami::Status* status;
-  } f{&done, &status};
+  Outcome reply;
   const ami::Status sent = c.send({.dest = {victim, 0}, .dispatch = kDispatch, .header = {},
                                    .payload = std::as_bytes(std::span(&byte, 1)), .local_done = {},
-                                   .remote_done = {+[](void* cookie, ami::Status s) {
-                                                     auto* f = static_cast<Flag*>(cookie);
-                                                     *f->done = true;
-                                                     *f->status = s;
-                                                   },
-                                                   &f}});
-  if (!sent.ok()) done = true, status = sent;  // failed already: refused at once
+                                   .remote_done = reply.callback()});
+  if (!sent.ok()) reply.done = true, reply.status = sent;  // failed already: refused at once
   const auto start = Clock::now();
-  CHECK_MESSAGE(advance_until(c, [&] { return seen.failed && done; }, start + std::chrono::seconds(60)),
+  CHECK_MESSAGE(advance_until(c, [&] { return seen.failed && reply.done; }, start + std::chrono::seconds(60)),
                 "task ", me, ": the killed task was not failed within 60 s");
   const std::string where = on_my_node[victim] ? "on this node" : "on the other node";
   MESSAGE("task ", me, ": the killed task (", where, ") failed after ",
           std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count(), " ms: ",
           ami::to_string(seen.why));
   CHECK(seen.why.code() == ami::StatusCode::peer_failed);
-  CHECK_MESSAGE(!status.ok(), "the message to it: ", ami::to_string(status));
+  CHECK_MESSAGE(!reply.status.ok(), "the message to it: ", ami::to_string(reply.status));
   // The survivors go on among themselves.
   std::vector<std::uint32_t> survivors(victim);
   std::iota(survivors.begin(), survivors.end(), 0u);
