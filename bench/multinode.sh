@@ -313,6 +313,9 @@ host_main() {
   local start=$SECONDS
   ((ROUNDS >= 3)) || { echo "ROUNDS must be at least 3" >&2; exit 2; }
   command -v mpicc >/dev/null || { echo "no mpicc: apt-get install -y libopenmpi-dev openmpi-bin" >&2; exit 1; }
+  # (mpicc can be there without the headers it compiles against)
+  echo '#include <mpi.h>' | mpicc -E -x c - >/dev/null 2>&1 ||
+    { echo "mpicc finds no mpi.h: apt-get install -y libopenmpi-dev" >&2; exit 1; }
   if [[ $NO_BUILD != 1 ]]; then
     [[ -f "$BUILD/build.ninja" ]] || meson setup "$BUILD" >/dev/null
     meson compile -C "$BUILD" tools/ami_send_lat tools/ami_send_bw bench/ami_coll_bench >/dev/null

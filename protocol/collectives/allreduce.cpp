@@ -1,7 +1,8 @@
-// protocol/collectives/allreduce.cpp — allreduce: the call, what both of
-// its algorithms share (arrivals, kept records, completion), and recursive
-// doubling, used below AMI_COLL_RING_MIN bytes (allreduce_ring.cpp
-// has the ring used above it).
+// protocol/collectives/allreduce.cpp — allreduce: the call, what its
+// algorithms share (arrivals, kept records, completion), and recursive
+// doubling, used below AMI_COLL_RING_MIN bytes (allreduce_ring.cpp has the
+// reduce-scatter and allgather used above it: recursive halving for a
+// power of two of members, a ring otherwise).
 //
 // Recursive doubling: at step k every rank sends its value so far to its
 // partner (rank xor 2^(k-1), among a power of two of ranks) and combines
@@ -50,11 +51,12 @@ Status GeometryImpl::allreduce(const void* send, void* recv, std::size_t count, 
   a.op = op;
   a.bytes = count * size_of(type);
   a.ring = size > 1 && a.bytes >= engine.ring_min && count >= size;
+  a.halving = a.ring && std::has_single_bit(size);
   a.proto.type = type;
   a.proto.op = op;
   a.proto.ring = a.ring;  // members must agree on the algorithm
-  // Tags by step for sends, then receives: 2 (n - 1) steps on a ring, where
-  // doubling has a few (made by begin()).
+  // Tags by step for sends, then receives: 2 (n - 1) steps on a ring (2 log n
+  // halving), where doubling has a few (made by begin()).
   if (a.ring) a.need_tags(4 * std::size_t{size});
   allreduce_start();
   return Status::success();
@@ -66,7 +68,7 @@ void GeometryImpl::allreduce_start() {
   a.streaming = 0;
   a.sent = 0;
   a.ring_sent = 0;
-  a.arrived.assign(a.ring ? 2 * (size - 1) : K + 2, kNone);
+  a.arrived.assign(a.ring ? ring_steps() : K + 2, kNone);
   a.kept.assign(a.arrived.size(), nullptr);
   if (a.send == a.recv && a.bytes != 0) {  // in place: this task's data is read while recv fills
     a.own = engine.buffers.acquire(a.bytes);
@@ -75,7 +77,13 @@ void GeometryImpl::allreduce_start() {
     a.send = a.own.data;
   }
   if (a.ring) {
-    a.busy.assign(size, 0);
+    a.busy.assign(a.halving ? topology::Halving{size}.steps() : size, 0);
+    // Halving: the largest step that joins recv by the rendezvous lands in scratch first.
+    const std::size_t scratch = a.halving && size > 2 ? ring_span(1, false).bytes : 0;
+    if (scratch > 0) {
+      a.stages = engine.buffers.acquire(scratch);
+      if (!a.stages) a.fail({StatusCode::no_resource, "allreduce: no memory for a step's data"});
+    }
   } else {
     a.level = (a.extra || a.folds) ? -1 : 0;
     if (K > 1 || a.folds) {
@@ -107,7 +115,7 @@ bool GeometryImpl::allreduce_expects(const Header& h, std::uint32_t origin, std:
   }
   bool ok = step_known && a.arrived[h.step] == kNone;
   if (ok && a.ring) {
-    ok = origin == topology::ring_prev(rank, size);
+    ok = origin == ring_peer(h.step, false);
   } else if (ok) {
     const std::uint32_t K = a.steps;
     if (h.step == 0)
@@ -122,7 +130,7 @@ bool GeometryImpl::allreduce_expects(const Header& h, std::uint32_t origin, std:
 }
 
 std::size_t GeometryImpl::allreduce_step_bytes(std::uint16_t step) const {
-  return allreduce_.ring ? ring_bytes(ring_block_of(step, false)) : allreduce_.bytes;
+  return allreduce_.ring ? ring_span(step, false).bytes : allreduce_.bytes;
 }
 
 void GeometryImpl::allreduce_take(Arrival* r) {
@@ -210,7 +218,7 @@ void GeometryImpl::allreduce_place_kept(std::uint16_t s) {
     return;
   }
   // Deferred at its sender: fetched straight into its place.
-  std::byte* place = a.ring ? a.recv + ring_offset(ring_block_of(s, false)) : doubling_target(s);
+  std::byte* place = a.ring ? ring_landing(s) : doubling_target(s);
   Status st = engine.context.accept(r->deferred, place,
                                     Engine::received_callback(a.tag(static_cast<std::uint32_t>(a.tags.size() / 2 + s))));
   engine.release(r);

@@ -1,6 +1,12 @@
-// protocol/collectives/barrier.cpp — the dissemination barrier: in round k
-// each rank tells rank + 2^k and waits to hear from rank - 2^k; after
-// ceil(log2 n) rounds every rank has heard, directly or not, from all.
+// protocol/collectives/barrier.cpp — the barrier: in round k each rank
+// tells one rank and waits to hear from one, and after ceil(log2 n) rounds
+// every rank has heard, directly or not, from all. Which ranks (fixed with
+// the geometry, in to and from): for a power of two, pairwise exchange
+// (rank xor 2^k both ways), whose first rounds stay inside a node when
+// tasks are placed on nodes in blocks, so a barrier across nodes crosses
+// once, not in every round; for other sizes, dissemination (tell rank +
+// 2^k, hear from rank - 2^k), which needs no extra rounds to fold the
+// ranks beyond a power of two.
 //
 // The control structure is two bit vectors, one bit per round: what came
 // for the current barrier and what came for the next one. A peer can be at

@@ -15,13 +15,14 @@
 // dropped. Barriers keep no records at all: a bit vector for the current
 // barrier and one for the next, since no peer can be further ahead.
 //
-// The algorithms, one file each: barrier.cpp (dissemination),
-// broadcast.cpp and reduce.cpp (binomial trees), allreduce.cpp (recursive
-// doubling for small data, a ring of reduce-scatter then allgather for
-// large), allgather.cpp (ring). Each moves data straight between the
-// callers' buffers; scratch from the pool holds only partial results that
-// have no caller's buffer (an inner node of a reduce, the steps of
-// recursive doubling).
+// The algorithms, one file each: barrier.cpp (pairwise exchange or
+// dissemination), broadcast.cpp and reduce.cpp (binomial trees),
+// allreduce.cpp (recursive doubling for small data) and allreduce_ring.cpp
+// (reduce-scatter then allgather for large: recursive halving or a ring),
+// allgather.cpp (ring). Each moves data straight between the callers'
+// buffers; scratch from the pool holds only partial results that have no
+// caller's buffer (an inner node of a reduce, the steps of recursive
+// doubling, a halving step's large data before it joins recv).
 //
 // Every event of an operation goes to its kind's Algorithm row, a table
 // indexed by Kind that the geometry's constructor ties to each operation:
@@ -164,7 +165,8 @@ struct AllreduceState : Operation {
   DataType type = DataType::int32;
   ReduceOp op = ReduceOp::sum;
   Block own;  // a copy of send when it is recv
-  bool ring = false;
+  bool ring = false;     // large data: a reduce-scatter then an allgather over size blocks
+  bool halving = false;  // ... by recursive halving and doubling (a power of two of members), not a ring
   std::uint32_t streaming = 0;  // receives not complete
   std::vector<std::uint8_t> arrived;  // by step: its data is in place (or kept)
   std::vector<Arrival*> kept;         // by step: data that could not go to its place yet
@@ -175,11 +177,13 @@ struct AllreduceState : Operation {
   bool folds = false;  // takes the fold of rank - 1 and gives it the result
   std::vector<std::uint32_t> partner;  // by step 1..steps
   int level = -1;          // the highest k whose value is ready
-  Block stages;            // value(k) for 0 < k < steps (and value(0) when folding)
+  Block stages;            // value(k) for 0 < k < steps (and value(0) when folding);
+                           // halving: where a large step's data lands before it joins recv
   std::uint64_t sent = 0;  // bit per step
-  // ring: reduce-scatter steps 0..n-2, then allgather steps n-1..2n-3
+  // ring: reduce-scatter steps 0..n-2, then allgather steps n-1..2n-3;
+  // halving: reduce-scatter steps 0..L-1, then allgather steps L..2L-1 (n = 2^L)
   std::uint32_t ring_sent = 0;     // steps sent, in order
-  std::vector<std::uint8_t> busy;  // by block: a send of it from recv is not complete
+  std::vector<std::uint8_t> busy;  // by guard (ring_guard()): a send of it from recv is not complete
 };
 
 struct AllgatherState : Operation {
@@ -310,9 +314,18 @@ class GeometryImpl {
   // allreduce_ring.cpp
   std::size_t ring_offset(std::uint32_t block) const;
   std::size_t ring_bytes(std::uint32_t block) const;
-  std::uint32_t ring_block_of(std::uint16_t step, bool sending) const;
+  struct Span {
+    std::size_t offset = 0;
+    std::size_t bytes = 0;
+  };
+  std::uint32_t ring_steps() const;
+  Span ring_span(std::uint16_t step, bool sending) const;
+  std::uint32_t ring_peer(std::uint16_t step, bool sending) const;
+  std::uint32_t ring_guard(std::uint16_t step) const;
+  const std::byte* ring_operand(std::uint16_t step) const;
   bool ring_reduces(std::uint16_t step) const;
   bool ring_may_place(std::uint16_t step) const;
+  std::byte* ring_landing(std::uint16_t step);
   void ring_place(std::uint16_t step, const std::byte* data);
   void ring_data(const Header& h, const Incoming& in, Receive* recv);
   void ring_received(std::uint16_t step);

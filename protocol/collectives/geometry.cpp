@@ -117,9 +117,10 @@ GeometryImpl::GeometryImpl(Engine& engine, std::uint32_t id, Members members)
     a.state(*this).algorithm = &a;
   }
   barrier_.rounds = topology::rounds(size);
+  const bool pairwise = std::has_single_bit(size);  // a power of two: exchanges, not dissemination
   for (std::uint32_t k = 0; k < barrier_.rounds; ++k) {
-    barrier_.to.push_back(topology::dissemination_to(rank, size, k));
-    barrier_.from.push_back(topology::dissemination_from(rank, size, k));
+    barrier_.to.push_back(pairwise ? topology::Halving::partner(rank, k) : topology::dissemination_to(rank, size, k));
+    barrier_.from.push_back(pairwise ? barrier_.to.back() : topology::dissemination_from(rank, size, k));
   }
   const topology::Doubling d{size};
   allreduce_.steps = d.steps();

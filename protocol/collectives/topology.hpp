@@ -9,7 +9,12 @@
 //    ranks; each of the first 2 * rem ranks (rem the rest) pairs up, the
 //    even one folding its data into the odd one first and getting the
 //    result back last;
-//  ring (large allreduce, allgather): rank + 1 and rank - 1.
+//  pairwise exchange (barrier of a power of two): round k with rank xor 2^k,
+//    so with tasks placed on nodes in blocks the first rounds stay inside
+//    a node and only the last cross;
+//  recursive halving then doubling (large allreduce of a power of two):
+//    the same partners, exchanging halves of the data;
+//  ring (large allreduce of other sizes, allgather): rank + 1 and rank - 1.
 #pragma once
 
 #include <bit>
@@ -80,6 +85,41 @@ struct Doubling {
   // The partner at doubling step k (1..steps()).
   std::uint32_t partner(std::uint32_t rank, std::uint32_t k) const {
     return real_rank(virtual_rank(rank) ^ (std::uint32_t{1} << (k - 1)));
+  }
+};
+
+// Recursive halving over n = 2^L ranks and n blocks of the data. Before
+// reduce-scatter step k (0..L-1) a rank and its partner (rank xor 2^k) hold
+// the same blocks [lo, hi): the ones their bits 0..k-1 chose. Each keeps the
+// half its bit k names (the upper for a 1) and gives the other; a rank ends
+// the reduce-scatter holding one block. The allgather retraces the steps
+// backwards: at step k each sends what it kept and takes what it gave.
+// Halves and not strides, so every exchange is one contiguous piece.
+struct Halving {
+  struct Blocks {
+    std::uint32_t lo = 0, hi = 0;
+  };
+  std::uint32_t n = 1;
+  std::uint32_t steps() const { return static_cast<std::uint32_t>(std::countr_zero(n)); }
+  static std::uint32_t partner(std::uint32_t rank, std::uint32_t k) { return rank ^ (std::uint32_t{1} << k); }
+  Blocks held(std::uint32_t rank, std::uint32_t k) const {
+    Blocks b{0, n};
+    for (std::uint32_t j = 0; j < k; ++j) {
+      const std::uint32_t half = (b.hi - b.lo) / 2;
+      if ((rank >> j) & 1) b.lo += half;
+      else b.hi -= half;
+    }
+    return b;
+  }
+  Blocks kept(std::uint32_t rank, std::uint32_t k) const {
+    const Blocks b = held(rank, k);
+    const std::uint32_t mid = b.lo + (b.hi - b.lo) / 2;
+    return ((rank >> k) & 1) ? Blocks{mid, b.hi} : Blocks{b.lo, mid};
+  }
+  Blocks given(std::uint32_t rank, std::uint32_t k) const {
+    const Blocks b = held(rank, k);
+    const std::uint32_t mid = b.lo + (b.hi - b.lo) / 2;
+    return ((rank >> k) & 1) ? Blocks{b.lo, mid} : Blocks{mid, b.hi};
   }
 };
 

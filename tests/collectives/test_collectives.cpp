@@ -387,6 +387,26 @@ TEST_CASE("topologies: every rank is reached once, partners agree") {
       CHECK(d.real_rank(d.virtual_rank(r)) == r);
       for (std::uint32_t k = 1; k <= d.steps(); ++k) CHECK(d.partner(d.partner(r, k), k) == r);
     }
+    if (std::has_single_bit(n)) {  // recursive halving: partners hold the same blocks and trade halves
+      const coll::topology::Halving h{n};
+      std::vector<int> owner(n, 0);
+      for (std::uint32_t r = 0; r < n; ++r) {
+        for (std::uint32_t k = 0; k < h.steps(); ++k) {
+          const std::uint32_t p = h.partner(r, k);
+          CHECK(h.partner(p, k) == r);
+          CHECK(h.held(p, k).lo == h.held(r, k).lo);
+          CHECK(h.held(p, k).hi == h.held(r, k).hi);
+          CHECK(h.kept(p, k).lo == h.given(r, k).lo);
+          CHECK(h.kept(p, k).hi == h.given(r, k).hi);
+          CHECK(h.kept(r, k).hi - h.kept(r, k).lo == (n >> (k + 1)));
+          CHECK(h.held(r, k + 1).lo == h.kept(r, k).lo);
+        }
+        const coll::topology::Halving::Blocks last = h.held(r, h.steps());
+        REQUIRE(last.hi == last.lo + 1);
+        ++owner[last.lo];
+      }
+      CHECK(owner == std::vector<int>(n, 1));  // each block ends at one rank
+    }
     const std::uint32_t rounds = coll::topology::rounds(n);
     CHECK((n <= 1 || (1u << rounds) >= n));
     for (std::uint32_t r = 0; r < n; ++r)
