@@ -70,11 +70,10 @@ CmConnector::CmConnector(VerbsDomain& domain) : domain_(domain) {
   const PortInfo& port = domain.port();
   if (port.link_layer != IBV_LINK_LAYER_ETHERNET)
     throw Error("verbs: rdma_cm needs an IP address on the port; on InfiniBand use the address exchange");
-  const bool link_local = port.gid.raw[0] == 0xfe && (port.gid.raw[1] & 0xc0) == 0x80;
   if (gid_is_ipv4(port.gid)) {
     ip_family_ = 4;
     std::memcpy(ip_.data(), port.gid.raw + 12, 4);
-  } else if (!link_local) {
+  } else if (!gid_is_link_local(port.gid)) {
     ip_family_ = 6;
     std::memcpy(ip_.data(), port.gid.raw, 16);
   } else {

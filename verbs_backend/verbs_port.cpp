@@ -41,12 +41,11 @@ int choose_gid(ibv_context* ctx, std::uint8_t port, const ibv_port_attr& attr, b
     if (ibv_query_gid_ex(ctx, port, static_cast<std::uint32_t>(i), &e, 0) != 0) continue;
     ibv_gid g;
     std::memcpy(g.raw, e.gid.raw, sizeof g.raw);
-    const bool link_local = g.raw[0] == 0xfe && (g.raw[1] & 0xc0) == 0x80;
     if (e.gid_type == IBV_GID_TYPE_ROCE_V2 && gid_is_ipv4(g)) {
       roce_v2 = true;
       return i;
     }
-    if (e.gid_type == IBV_GID_TYPE_ROCE_V2 && !link_local && any_v2 < 0) any_v2 = i;
+    if (e.gid_type == IBV_GID_TYPE_ROCE_V2 && !gid_is_link_local(g) && any_v2 < 0) any_v2 = i;
     if (any < 0) any = i;
   }
   if (any_v2 >= 0) {
@@ -85,6 +84,8 @@ bool gid_is_ipv4(const ibv_gid& gid) {
   static constexpr std::uint8_t kPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
   return std::memcmp(gid.raw, kPrefix, sizeof kPrefix) == 0;
 }
+
+bool gid_is_link_local(const ibv_gid& gid) { return gid.raw[0] == 0xfe && (gid.raw[1] & 0xc0) == 0x80; }
 
 std::string gid_text(const ibv_gid& gid) {
   char text[INET6_ADDRSTRLEN] = {};

@@ -27,6 +27,8 @@ PortInfo open_port(const VerbsOptions& options, DeviceOwner& device);
 std::string gid_text(const ibv_gid& gid);
 // Is gid an IPv4-mapped IPv6 address (::ffff:a.b.c.d)?
 bool gid_is_ipv4(const ibv_gid& gid);
+// An IPv6 link-local GID (fe80::/10): no address rdma_cm can route to.
+bool gid_is_link_local(const ibv_gid& gid);
 
 const char* mtu_text(ibv_mtu mtu);
 

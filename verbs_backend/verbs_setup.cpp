@@ -110,8 +110,7 @@ namespace {
 // address (RoCE), the handshake elsewhere (InfiniBand; a link-local GID).
 bool rdma_cm_by_default(const PortInfo& port) {
   if (port.link_layer != IBV_LINK_LAYER_ETHERNET) return false;
-  const bool link_local = port.gid.raw[0] == 0xfe && (port.gid.raw[1] & 0xc0) == 0x80;
-  return gid_is_ipv4(port.gid) || !link_local;
+  return gid_is_ipv4(port.gid) || !gid_is_link_local(port.gid);
 }
 
 }  // namespace
