@@ -57,6 +57,8 @@ void usage(Test t) {
       "      --remote_done        send tests: every measured send asks for remote_done (bandwidth:\n"
       "                           a send leaves the window when it runs); each side that sent\n"
       "                           acks prints how many messages they answered (\"# acks:\")\n"
+      "  -e, --events             sleep on the context's event_fd() whenever there is nothing to do,\n"
+      "                           instead of busy-polling (as perftest's -e; not for the write tests)\n"
       "      --stats              print this side's message, packet and rendezvous counters at the end\n"
       "                           (\"# stats:\" lines)\n"
       "      --out_json           also write the results as JSON (default file ami_out.json)\n"
@@ -118,7 +120,7 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
       {"gid-index", required_argument, nullptr, 'x'}, {"rdma_cm", no_argument, nullptr, 'R'},
       {"mtu", required_argument, nullptr, 'm'},    {"cq-mod", required_argument, nullptr, 'Q'},
       {"inline_size", required_argument, nullptr, 'I'}, {"remote_done", no_argument, nullptr, kRemoteDone},
-      {"stats", no_argument, nullptr, kStats},
+      {"stats", no_argument, nullptr, kStats},     {"events", no_argument, nullptr, 'e'},
       {"post_list", required_argument, nullptr, 'l'},
       {"help", no_argument, nullptr, 'h'},         {nullptr, 0, nullptr, 0}};
   o = Options{};
@@ -127,7 +129,7 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
   optind = 1;
   std::size_t v = 0;
   bool backend_given = false, json = false, verbs_option = false, sizes_given = false;
-  for (int c; (c = getopt_long(argc, argv, "s:an:t:p:hd:i:x:Rm:Q:I:l:", kLong, nullptr)) != -1;) {
+  for (int c; (c = getopt_long(argc, argv, "s:an:t:p:hd:i:x:Rm:Q:I:l:e", kLong, nullptr)) != -1;) {
     if (is_verbs_option(c)) verbs_option = true;
     switch (c) {
       case 's':
@@ -209,6 +211,7 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
       case kGbits: o.report_gbits = true; break;
       case kRemoteDone: o.remote_done = true; break;
       case kStats: o.stats = true; break;
+      case 'e': o.events = true; break;
       case 'h':
         usage(test);
         help = true;
@@ -242,6 +245,11 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
   if (o.remote_done && test != Test::send_lat && test != Test::send_bw) {
     std::fprintf(stderr, "error: --remote_done is for the send tests (ami_send_lat, ami_send_bw), not %s: "
                  "a PUT or GET has no remote_done\n", tool_name(test));
+    return false;
+  }
+  if (o.events && (test == Test::write_lat || test == Test::write_bw)) {
+    std::fprintf(stderr, "error: --events is not for %s: a PUT lands in memory with no message to wake "
+                 "the side that polls it\n", tool_name(test));
     return false;
   }
   if (json && o.out_json.empty()) o.out_json = "ami_out.json";
