@@ -261,10 +261,15 @@ void ShmDevice::skip_stalled_cell() {
 // producer that finds it armed writes the eventfd drained first.
 Status ShmDevice::arm() {
   (void)device::drain(wake_fds_[0]);  // a hint only: the ring says
+  if (domain_.death_pending()) domain_.watch(true);
+  return arm_quiet();
+}
+
+// Its eventfd and the deaths' set were just seen quiet by the context.
+Status ShmDevice::arm_quiet() {
   if (domain_.unwakeable())
     return {StatusCode::not_supported, "shm: a peer could not take this context's wake-up eventfd "
                                        "(pidfd_getfd refused): its packets could not wake a sleeper"};
-  if (domain_.death_pending()) domain_.watch(true);
   if (domain_.deaths() != deaths_seen_ || !responses_.empty())
     return {StatusCode::busy, "shm: a peer exited, or GETs are being answered"};
   for (ShmLane* l : active_) {

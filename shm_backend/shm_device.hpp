@@ -93,6 +93,7 @@ class ShmDevice final : public device::Device {
   // by a peer that is awake), answers to serve or a death to report;
   // not_supported when a peer could not take this context's eventfd.
   Status arm() override;
+  Status arm_quiet() override;
 
   // Cells dropped because they failed a check (origin, kind, key, tag).
   std::uint64_t dropped() const { return dropped_; }

@@ -114,6 +114,10 @@ bool SelfDevice::wants_progress() const { return lanes_.size() != 1 || lanes_[0]
 
 Status SelfDevice::arm() {
   (void)device::drain(domain_.wake_fd(context_));  // a hint only: the queue says
+  return arm_quiet();
+}
+
+Status SelfDevice::arm_quiet() {
   for (const auto& l : lanes_)
     if (l && (l->fifo().counter().snapshot() < l->fifo().injected() || (!l->failure_.ok() && !l->reported_)))
       return {StatusCode::busy, "self: a lane has descriptors to carry out"};

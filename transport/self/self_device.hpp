@@ -82,6 +82,7 @@ class SelfDevice final : public device::Device {
   // Busy while a lane holds descriptors to carry out: their copies are this
   // device's own work (a full target queue is drained by an awake target).
   Status arm() override;
+  Status arm_quiet() override;  // (its eventfd was just seen quiet)
 
   // For deterministic tests: while held, the lane to target context keeps
   // its descriptors in its FIFO (nothing is delivered or copied);

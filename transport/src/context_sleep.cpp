@@ -36,21 +36,31 @@ Status ContextImpl::open_wake() {
 // descriptors are read back to quiet; then each device arms and looks once
 // more. Anything that comes after its source was read makes that source
 // readable again, so nothing is slept through; anything found is "busy".
+// Only the sources the set reports readable are read back: one epoll_wait
+// replaces a read per source (a ping-pong arms once a message). A source
+// written after that look stays readable, and wakes the sleeper.
 Status ContextImpl::arm() {
   if (Status s = open_wake(); !s.ok()) return s;
   sleeping.store(false, std::memory_order_relaxed);
   (void)engine.prepare_sleep();
+  constexpr int kMax = 16;
+  int ready[kMax];
+  const int n = wake.ready(ready, kMax);
+  const auto readable = [&](int fd) { return n >= kMax || std::find(ready, ready + n, fd) != ready + n; };
   if (connections != nullptr) {
-    if (connections->pending()) connections->poll(true);
+    if (readable(connections->wake_fd()) && connections->pending()) connections->poll(true);
     take_ends();
     judge_suspects();
   }
-  const bool signalled = wake.take_signal();
-  (void)wake.take_timer();
+  const bool signalled = readable(wake.signal_fd()) && wake.take_signal();
+  if (readable(wake.timer_fd())) (void)wake.take_timer();
   if (signalled) return kSignalled;
   if (engine.has_pending_work()) return kPending;
-  for (const auto& d : devices)
-    if (Status s = d->arm(); !s.ok()) return s;
+  for (const auto& d : devices) {
+    const std::span<const int> fds = d->wake_fds();
+    const bool quiet = std::none_of(fds.begin(), fds.end(), readable);
+    if (Status s = quiet ? d->arm_quiet() : d->arm(); !s.ok()) return s;
+  }
   std::int64_t deadline = engine.next_deadline_ns();
   if (!suspects.empty()) {
     const std::int64_t now = device::coarse_now_ns();

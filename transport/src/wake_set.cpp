@@ -5,6 +5,7 @@
 #include <sys/timerfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <ctime>
 
@@ -16,6 +17,7 @@ namespace {
 // (a few ms): a timer that fired before the deadline is due there would
 // only wake the context to find nothing due, again and again.
 constexpr std::int64_t kSlack = 5'000'000;
+constexpr int kMaxReady = 16;
 
 }  // namespace
 
@@ -61,6 +63,15 @@ void WakeSet::set_deadline(std::int64_t deadline_ns) {
     t.it_value.tv_nsec = static_cast<long>(at % 1'000'000'000);
   }
   (void)::timerfd_settime(timer_, TFD_TIMER_ABSTIME, &t, nullptr);
+}
+
+int WakeSet::ready(int* fds, int max) const {
+  epoll_event ev[kMaxReady];
+  if (epoll_ < 0) return max;
+  const int n = ::epoll_wait(epoll_, ev, std::min(max, kMaxReady), 0);
+  if (n < 0) return max;  // (as if all were: each is read back)
+  for (int i = 0; i < n; ++i) fds[i] = ev[i].data.fd;
+  return n;
 }
 
 // A timer that fired is disarmed (it is one-shot): the next set_deadline()

@@ -30,6 +30,12 @@ class WakeSet {
   int fd() const { return epoll_; }
   int signal_fd() const { return signal_.fd(); }
 
+  // The descriptors of the set readable now, at most max of them into fds;
+  // returns how many (max: perhaps more). Reading back only those costs
+  // one system call more than none, not one per source.
+  int ready(int* fds, int max) const;
+  int timer_fd() const { return timer_; }
+
   // Thread-safe.
   void signal() const { signal_.notify(); }
   // Reads the eventfd back to zero: true when it had been written.

@@ -166,6 +166,11 @@ class Device {
   //  - not_supported: this device cannot wake a sleeper; the text says why.
   // Never blocks.
   virtual Status arm() = 0;
+  // arm() when the context has just seen every descriptor of wake_fds()
+  // quiet (its set had nothing to report): a device may skip reading them
+  // back, since a read would find nothing. The same answers as arm();
+  // by default arm() itself.
+  virtual Status arm_quiet() { return arm(); }
 };
 
 }  // namespace ami::device
