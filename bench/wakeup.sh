@@ -12,6 +12,12 @@
 # in usec. Each side is pinned to its own core (ami: --local does it; UCX:
 # -c 0 and -c 1).
 #
+# A third ami row, -e --spin SPIN_US, busy-polls that long after the last
+# event before it sleeps: UCX's -E sleep ping-pong mostly finds the reply
+# already there when it arms (ucp_worker_arm says busy), so it seldom
+# sleeps; ami's arm() is a system call or two, and with no spin at all
+# it sleeps before nearly every message.
+#
 # Targets: sleep latency ami/UCX <= 1.00; idle CPU < 1% of a core per side;
 # busy-poll latency within 3% of the baseline's (BASELINE=<build-dir>, an
 # earlier tree built the same way, runs in the same rounds).
@@ -25,7 +31,7 @@
 # ucx_perftest comes from Debian's ucx-utils, installed when missing.
 #
 # usage: bench/wakeup.sh [--rxe] [build-dir]
-#        ROUNDS=5 ITERS=20000 IDLE_S=10 OUT_DIR=<build-dir>/bench-results
+#        ROUNDS=5 ITERS=20000 IDLE_S=10 SPIN_US=5 OUT_DIR=<build-dir>/bench-results
 #        BASELINE=<build-dir>
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +45,7 @@ OUT_DIR=${OUT_DIR:-$BUILD/bench-results}
 ROUNDS=${ROUNDS:-5}
 ITERS=${ITERS:-20000}
 IDLE_S=${IDLE_S:-10}
+SPIN_US=${SPIN_US:-5}
 BASELINE=${BASELINE:-}
 SIZE=8
 PORT=${PORT:-19300}
@@ -127,23 +134,25 @@ host_main() {
   {
     echo "# 8 B ping-pong on this host, both sides pinned; $ROUNDS interleaved rounds of $ITERS iterations;"
     echo "# one-way latency [usec]: medians of ami's t_typical and UCX's 50th percentile (UCX_TLS=sm)"
-    printf '%s\n' "round ami_sleep ucx_sleep ami_busy ucx_poll${BASELINE:+ base_busy}" >"$dat"
+    printf '%s\n' "round ami_sleep ucx_sleep ami_busy ucx_poll ami_spin${BASELINE:+ base_busy}" >"$dat"
     for ((r = 1; r <= ROUNDS; r++)); do
       add ami_sleep "$(ami_lat "$BUILD" -e)"
       add ucx_sleep "$(ucx_lat sleep)"
       add ami_busy "$(ami_lat "$BUILD")"
       add ucx_poll "$(ucx_lat poll)"
+      add ami_spin "$(ami_lat "$BUILD" -e --spin "$SPIN_US")"
       [[ -z $BASELINE ]] || add base_busy "$(ami_lat "$BASELINE")"
       echo "# round $r: ami -e $(last ami_sleep), ucx -E sleep $(last ucx_sleep), ami busy $(last ami_busy)," \
-        "ucx -E poll $(last ucx_poll)${BASELINE:+, baseline busy $(last base_busy)}"
-      printf '%s\n' "$r $(last ami_sleep) $(last ucx_sleep) $(last ami_busy) $(last ucx_poll)${BASELINE:+ $(last base_busy)}" >>"$dat"
+        "ucx -E poll $(last ucx_poll), ami -e --spin $SPIN_US $(last ami_spin)${BASELINE:+, baseline busy $(last base_busy)}"
+      printf '%s\n' "$r $(last ami_sleep) $(last ucx_sleep) $(last ami_busy) $(last ucx_poll) $(last ami_spin)${BASELINE:+ $(last base_busy)}" >>"$dat"
     done
-    local as us ab up bb cpu
-    as=$(med ami_sleep) us=$(med ucx_sleep) ab=$(med ami_busy) up=$(med ucx_poll) bb=$(med base_busy)
+    local as us ab up bb sp cpu
+    as=$(med ami_sleep) us=$(med ucx_sleep) ab=$(med ami_busy) up=$(med ucx_poll) bb=$(med base_busy) sp=$(med ami_spin)
     echo "# idle: a connected ami_rpc pair (Asio, asleep), CPU over $IDLE_S s from /proc/PID/stat"
     cpu=$(idle_cpu)
     printf '%-34s %10s %10s %9s   %s\n' measure ami other ami/other target
     printf '%-34s %10s %10s %9s   %s\n' "8 B latency, sleeping [usec]" "$as" "$us" "$(ratio "$as" "$us")" "<=1.00 (ucx -E sleep)"
+    printf '%-34s %10s %10s %9s   %s\n' "8 B latency, -e --spin $SPIN_US [usec]" "$sp" "$us" "$(ratio "$sp" "$us")" "<=1.00 (ucx -E sleep)"
     printf '%-34s %10s %10s %9s   %s\n' "8 B latency, busy-poll [usec]" "$ab" "$up" "$(ratio "$ab" "$up")" "(ucx -E poll, reference)"
     [[ -z $BASELINE ]] ||
       printf '%-34s %10s %10s %9s   %s\n' "8 B busy-poll vs baseline [usec]" "$ab" "$bb" "$(ratio "$ab" "$bb")" "0.97..1.03"

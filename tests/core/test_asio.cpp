@@ -129,8 +129,8 @@ TEST_CASE("asio: an idle driver sleeps, and post() from another thread wakes it"
     Context& a = client.context(0);
     Context& b = client.context(1);
     std::atomic<int> got{0};
-    REQUIRE(b.set_dispatch(1, {+[](void* c, const Incoming&, Receive*) { static_cast<std::atomic<int>*>(c)->fetch_add(1); },
-                               &got}).ok());
+    const auto count = +[](void* c, const Incoming&, Receive*) { static_cast<std::atomic<int>*>(c)->fetch_add(1); };
+    REQUIRE(b.set_dispatch(1, {count, &got}).ok());
     boost::asio::io_context io(static_cast<int>(threads));
     AsioDriver da(io, a), db(io, b);
     REQUIRE(da.start().ok());

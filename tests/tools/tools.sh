@@ -96,9 +96,11 @@ run ami_send_lat "8" --backend self -e -n 300 -s 8
 run ami_send_bw "4096" --local -e -n 2000 -s 4096 -t 16
 run ami_read_lat "4096" --local -e -n 200 -s 4096
 run ami_read_bw "65536" --local -e -n 300 -s 65536
+run ami_send_lat "8" --local -e --spin 5 -n 300 -s 8
 
 refuse ami_write_lat -e
 refuse ami_write_bw --events
+refuse ami_send_lat --spin 5
 refuse ami_send_lat -s 0
 refuse ami_send_lat --backend tcp
 refuse ami_write_bw -m 1000

@@ -35,6 +35,7 @@ struct Options {
   // finds nothing (ami/wait.hpp), as perftest's -e sleeps on a completion
   // channel; otherwise it busy-polls.
   bool events = false;
+  unsigned spin_us = 0;        // --spin: with -e, busy-poll this long after the last event first
   std::string out_json;        // "": no JSON report
 
   // perftest's device options; each maps to an AMI_* configuration entry

@@ -59,6 +59,8 @@ void usage(Test t) {
       "                           acks prints how many messages they answered (\"# acks:\")\n"
       "  -e, --events             sleep on the context's event_fd() whenever there is nothing to do,\n"
       "                           instead of busy-polling (as perftest's -e; not for the write tests)\n"
+      "      --spin=<usec>        with -e: busy-poll this long after the last event before sleeping\n"
+      "                           (default 0: sleep at once)\n"
       "      --stats              print this side's message, packet and rendezvous counters at the end\n"
       "                           (\"# stats:\" lines)\n"
       "      --out_json           also write the results as JSON (default file ami_out.json)\n"
@@ -109,7 +111,7 @@ const char* tool_name(Test t) {
 }
 
 bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
-  enum { kBackend = 1000, kLocal, kGbits, kJson, kJsonFile, kRemoteDone, kStats };
+  enum { kBackend = 1000, kLocal, kGbits, kJson, kJsonFile, kRemoteDone, kStats, kSpin };
   static const option kLong[] = {
       {"size", required_argument, nullptr, 's'},   {"all", no_argument, nullptr, 'a'},
       {"iters", required_argument, nullptr, 'n'},  {"tx-depth", required_argument, nullptr, 't'},
@@ -121,6 +123,7 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
       {"mtu", required_argument, nullptr, 'm'},    {"cq-mod", required_argument, nullptr, 'Q'},
       {"inline_size", required_argument, nullptr, 'I'}, {"remote_done", no_argument, nullptr, kRemoteDone},
       {"stats", no_argument, nullptr, kStats},     {"events", no_argument, nullptr, 'e'},
+      {"spin", required_argument, nullptr, kSpin},
       {"post_list", required_argument, nullptr, 'l'},
       {"help", no_argument, nullptr, 'h'},         {nullptr, 0, nullptr, 0}};
   o = Options{};
@@ -128,7 +131,7 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
   help = false;
   optind = 1;
   std::size_t v = 0;
-  bool backend_given = false, json = false, verbs_option = false, sizes_given = false;
+  bool backend_given = false, json = false, verbs_option = false, sizes_given = false, spin_given = false;
   for (int c; (c = getopt_long(argc, argv, "s:an:t:p:hd:i:x:Rm:Q:I:l:e", kLong, nullptr)) != -1;) {
     if (is_verbs_option(c)) verbs_option = true;
     switch (c) {
@@ -212,6 +215,11 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
       case kRemoteDone: o.remote_done = true; break;
       case kStats: o.stats = true; break;
       case 'e': o.events = true; break;
+      case kSpin:
+        if (!number(optarg, v, 0, 1000000, "--spin")) return false;
+        o.spin_us = static_cast<unsigned>(v);
+        spin_given = true;
+        break;
       case 'h':
         usage(test);
         help = true;
@@ -245,6 +253,10 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
   if (o.remote_done && test != Test::send_lat && test != Test::send_bw) {
     std::fprintf(stderr, "error: --remote_done is for the send tests (ami_send_lat, ami_send_bw), not %s: "
                  "a PUT or GET has no remote_done\n", tool_name(test));
+    return false;
+  }
+  if (spin_given && !o.events) {
+    std::fprintf(stderr, "error: --spin is how long -e busy-polls before it sleeps: give -e too\n");
     return false;
   }
   if (o.events && (test == Test::write_lat || test == Test::write_bw)) {

@@ -184,7 +184,7 @@ class Server {
     const auto work = [&] { return quit_ || (ack_report_wanted_ && remote_pending_ == 0); };
     while (!quit_) {
       if (o_.events)
-        check(wait_until(c_, work, {.spin = {}}));
+        check(wait_until(c_, work, {.spin = std::chrono::microseconds(o_.spin_us)}));
       else
         (void)c_.advance();
       if (writing_ && last_byte(memory_, size_) == expect_) write_back();
@@ -343,7 +343,7 @@ class Driver {
   }
   void wait(const bool& flag) {
     if (o_.events) {
-      check(wait_until(c_, [&] { return flag; }, {.spin = {}}));
+      check(wait_until(c_, [&] { return flag; }, {.spin = std::chrono::microseconds(o_.spin_us)}));
       return;
     }
     while (!flag) (void)c_.advance();
@@ -518,7 +518,7 @@ class Driver {
       }
       if (o_.events) {  // asleep until a completion frees a slot of the window
         const std::size_t seen = completed_;
-        check(wait_until(c_, [&] { return completed_ != seen; }, {.spin = {}}));
+        check(wait_until(c_, [&] { return completed_ != seen; }, {.spin = std::chrono::microseconds(o_.spin_us)}));
       } else {
         (void)c_.advance();
       }
