@@ -18,7 +18,7 @@
 //   --spin: busy-poll for USEC after the last event, then sleep on the
 //   context's event_fd() until the next (ami::wait_until; docs/DESIGN.md,
 //   "Event-driven progress"): a waiting task gives its core to the peer it
-//   waits for.
+//   waits for. With --yield too, it yields the core while it spins.
 //   --sweep: allreduce at these sizes too (multiples of 8 up to 1 MiB),
 //   each with N * 64 / bytes iterations, at least the large ones.
 #include <sched.h>
@@ -147,7 +147,8 @@ class Bench {
   void finish(ami::Status posted) {
     if (!posted.ok()) fail(posted);
     if (o_.spin_us >= 0) {
-      const ami::Status s = ami::wait_until(c_, [&] { return done_; }, {.spin = std::chrono::microseconds(o_.spin_us)});
+      const ami::Status s = ami::wait_until(
+          c_, [&] { return done_; }, {.spin = std::chrono::microseconds(o_.spin_us), .yield = o_.yield});
       if (!s.ok()) fail(s);
     }
     while (!done_)

@@ -26,8 +26,8 @@
 #        SIZES="2 4 8"     job sizes
 #        BYTES="64 512 4096 32768 262144"   allreduce sizes between 8 B and 1 MiB ("": none)
 #        OVERSUB=yield     how an oversubscribed ami task waits: yield (sched_yield
-#                          when idle) or sleep (busy-poll SPIN_US µs, default 20, then
-#                          sleep on the context's event_fd(): ami_coll_bench --spin)
+#                          when idle) or sleep (yield for SPIN_US µs, default 200, then
+#                          sleep on the context's event_fd(): ami_coll_bench --spin --yield)
 #        NO_BUILD=1        measure the build directory as it is
 #        VERBOSE=1         every run's figures on stderr
 #        OUT_DIR=<build-dir>/bench-results
@@ -89,7 +89,7 @@ args_for() {
 run_ami() {
   local n=$1 extra=() pids=() r out rc=0
   if ((n > CORES)); then
-    if [[ ${OVERSUB:-yield} == sleep ]]; then extra=(--spin "${SPIN_US:-20}"); else extra=(--yield); fi
+    if [[ ${OVERSUB:-yield} == sleep ]]; then extra=(--spin "${SPIN_US:-200}" --yield); else extra=(--yield); fi
   fi
   PORT=$((PORT + 1))
   for ((r = 1; r < n; r++)); do

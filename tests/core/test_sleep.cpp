@@ -203,6 +203,10 @@ TEST_CASE("wait_until: spins a little, sleeps, wakes for the packet; times out; 
   CHECK(wait_until(b, [&] { return got.n.load() != 0; }, {.timeout = std::chrono::milliseconds(30)}) ==
         StatusCode::timeout);
   CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(30));
+  // Spinning with sched_yield(), then sleeping: the same answers.
+  CHECK(wait_until(b, [&] { return got.n.load() != 0; },
+                   {.spin = std::chrono::milliseconds(5), .timeout = std::chrono::milliseconds(20), .yield = true}) ==
+        StatusCode::timeout);
   std::thread sender([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     a.lock();

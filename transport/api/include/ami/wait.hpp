@@ -31,6 +31,9 @@ struct WaitOptions {
   std::chrono::nanoseconds timeout = std::chrono::nanoseconds::max();
   // advance() loops per call.
   std::size_t batch = 16;
+  // While spinning, sched_yield() after each advance() that found nothing:
+  // with more tasks than cores the task waited for may run meanwhile.
+  bool yield = false;
 };
 
 // Advances c until done() holds (checked after every advance(), and before
@@ -63,7 +66,10 @@ Status wait_until(Context& c, Done&& done, const WaitOptions& o = {}) {
     if (done()) return Status::success();
     const auto now = Clock::now();
     if (now >= deadline) return {StatusCode::timeout, "wait_until: the condition did not hold in time"};
-    if (!woken && now - last_event < o.spin) continue;
+    if (!woken && now - last_event < o.spin) {
+      if (o.yield) (void)sched_yield();
+      continue;
+    }
     if (!can_sleep) {
       (void)sched_yield();
       continue;
