@@ -12,9 +12,13 @@
 //   allreduce_<bytes> <usec>     for each size of --sweep
 //
 // usage: ami_coll_bench [--iters N] [--large-iters N] [--reps R] [--yield]
-//                       [--sweep BYTES,BYTES,...]
+//                       [--spin USEC] [--sweep BYTES,BYTES,...]
 //   --yield: sched_yield() whenever an advance finds nothing to do (for
 //   jobs with more tasks than cores).
+//   --spin: busy-poll for USEC after the last event, then sleep on the
+//   context's event_fd() until the next (ami::wait_until; docs/DESIGN.md,
+//   "Event-driven progress"): a waiting task gives its core to the peer it
+//   waits for. With --yield too, it yields the core while it spins.
 //   --sweep: allreduce at these sizes too (multiples of 8 up to 1 MiB),
 //   each with N * 64 / bytes iterations, at least the large ones.
 #include <sched.h>
@@ -28,6 +32,7 @@
 #include <vector>
 
 #include "ami/ami.hpp"
+#include "ami/wait.hpp"
 
 namespace {
 
@@ -40,6 +45,7 @@ struct Options {
   int large_iters = 200;
   int reps = 11;
   bool yield = false;
+  long spin_us = -1;  // -1: no sleeping (busy-poll, or --yield)
   std::vector<std::size_t> sweep;  // bytes
 };
 
@@ -77,10 +83,15 @@ bool parse(int argc, char** argv, Options& o) {
       o.reps = std::atoi(argv[++i]);
     } else if (a == "--yield") {
       o.yield = true;
+    } else if (a == "--spin" && has_value) {
+      o.spin_us = std::atol(argv[++i]);
+      if (o.spin_us < 0) return false;
     } else if (a == "--sweep" && has_value && parse_sizes(argv[i + 1], o.sweep)) {
       ++i;
     } else {
-      std::fprintf(stderr, "usage: %s [--iters N] [--large-iters N] [--reps R] [--yield] [--sweep BYTES,...]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--iters N] [--large-iters N] [--reps R] [--yield] [--spin USEC] "
+                   "[--sweep BYTES,...]\n",
                    argv[0]);
       return false;
     }
@@ -135,6 +146,11 @@ class Bench {
   }
   void finish(ami::Status posted) {
     if (!posted.ok()) fail(posted);
+    if (o_.spin_us >= 0) {
+      const ami::Status s = ami::wait_until(
+          c_, [&] { return done_; }, {.spin = std::chrono::microseconds(o_.spin_us), .yield = o_.yield});
+      if (!s.ok()) fail(s);
+    }
     while (!done_)
       if (c_.advance() == 0 && o_.yield) sched_yield();
     if (!status_.ok()) fail(status_);

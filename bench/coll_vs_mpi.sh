@@ -25,6 +25,9 @@
 #        ROUNDS=5          rounds (at least 3)
 #        SIZES="2 4 8"     job sizes
 #        BYTES="64 512 4096 32768 262144"   allreduce sizes between 8 B and 1 MiB ("": none)
+#        OVERSUB=yield     how an oversubscribed ami task waits: yield (sched_yield
+#                          when idle) or sleep (yield for SPIN_US µs, default 200, then
+#                          sleep on the context's event_fd(): ami_coll_bench --spin --yield)
 #        NO_BUILD=1        measure the build directory as it is
 #        VERBOSE=1         every run's figures on stderr
 #        OUT_DIR=<build-dir>/bench-results
@@ -85,7 +88,9 @@ args_for() {
 # run_ami N -> the program's three lines
 run_ami() {
   local n=$1 extra=() pids=() r out rc=0
-  ((n > CORES)) && extra=(--yield)
+  if ((n > CORES)); then
+    if [[ ${OVERSUB:-yield} == sleep ]]; then extra=(--spin "${SPIN_US:-200}" --yield); else extra=(--yield); fi
+  fi
   PORT=$((PORT + 1))
   for ((r = 1; r < n; r++)); do
     AMI_RANK=$r AMI_SIZE=$n AMI_BOOTSTRAP=127.0.0.1:$PORT timeout "$RUN_TIMEOUT" \

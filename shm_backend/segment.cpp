@@ -4,10 +4,12 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "ami/error.hpp"
@@ -88,6 +90,12 @@ OwnSegment::OwnSegment(std::uint32_t task, std::uint16_t contexts, std::uint32_t
   }
   h->regions_offset = regions_offset;
   h->region_capacity = region_capacity;
+  wakes_.resize(contexts);
+  for (std::uint16_t c = 0; c < contexts; ++c) {
+    wake_fds_.push_back(wakes_[c].fd());
+    h->wake_fd[c] = wakes_[c].fd();
+  }
+  h->unwakeable.store(0, std::memory_order_relaxed);
   regions_ = new (mapping_.data() + regions_offset) device::RegionSlot[region_capacity];
 }
 
@@ -95,7 +103,37 @@ OwnSegment::~OwnSegment() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-Status PeerSegment::open(std::uint32_t pid, int fd, std::uint32_t task, std::uint16_t contexts) {
+bool OwnSegment::unwakeable() const {
+  return reinterpret_cast<const SegmentHeader*>(mapping_.data())->unwakeable.load(std::memory_order_acquire) != 0;
+}
+
+PeerSegment::~PeerSegment() {
+  for (int f : wake_fds_)
+    if (f >= 0) ::close(f);
+}
+
+namespace {
+
+// The peer's descriptor number n, taken into this process; -1 unless it is
+// an eventfd (a peer naming another kind of file does not get 8 bytes
+// written into it).
+int take_eventfd(int pidfd, std::int32_t n) {
+  if (pidfd < 0 || n < 0) return -1;
+  const int f = static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd, n, 0));
+  if (f < 0) return -1;
+  char link[64] = {};
+  const std::string self = "/proc/self/fd/" + std::to_string(f);
+  const ssize_t len = ::readlink(self.c_str(), link, sizeof link - 1);
+  if (len <= 0 || std::string_view(link, static_cast<std::size_t>(len)) != "anon_inode:[eventfd]") {
+    ::close(f);
+    return -1;
+  }
+  return f;
+}
+
+}  // namespace
+
+Status PeerSegment::open(std::uint32_t pid, int fd, std::uint32_t task, std::uint16_t contexts, int pidfd) {
   const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
   const int f = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (f < 0) return {StatusCode::unreachable, "shm: the peer's segment cannot be opened"};
@@ -130,6 +168,11 @@ Status PeerSegment::open(std::uint32_t pid, int fd, std::uint32_t task, std::uin
     return {StatusCode::malformed_packet, "shm: the region table lies outside the peer's segment"};
   regions_ = reinterpret_cast<const device::RegionSlot*>(m.data() + table);
   region_capacity_ = h->region_capacity;
+  auto* header = reinterpret_cast<SegmentHeader*>(m.data());
+  for (std::uint16_t c = 0; c < contexts; ++c) {
+    wake_fds_[c] = take_eventfd(pidfd, h->wake_fd[c]);
+    if (wake_fds_[c] < 0) header->unwakeable.store(1, std::memory_order_release);
+  }
   mapping_ = std::move(m);
   return Status::success();
 }

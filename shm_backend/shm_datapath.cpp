@@ -15,7 +15,8 @@ constexpr Status kPeerExited{StatusCode::peer_failed, "shm: the peer process exi
 
 ShmDevice::ShmDevice(ShmDomain& domain, std::uint16_t context, std::uint32_t fifo_depth)
     : domain_(domain), context_(context), fifo_depth_(fifo_depth),
-      lanes_(std::size_t{domain.tasks()} * domain.contexts()) {
+      lanes_(std::size_t{domain.tasks()} * domain.contexts()),
+      wake_fds_{domain.own_wake_fd(context), domain.deaths_fd()} {
   // Ring cells go back to the producers in batches of an eighth of the ring
   // (and in every lull, by return_credit()).
   device::ReceptionQueue& q = domain_.own_queue(context_);
@@ -37,7 +38,8 @@ device::Lane* ShmDevice::lane(Endpoint peer) {
   if (!l) {
     const Status mapped = domain_.map(peer.task);
     device::ReceptionQueue* target = mapped.ok() ? &domain_.peer_queue(peer.task, peer.context) : nullptr;
-    l = std::make_unique<ShmLane>(*this, peer, fifo_depth_, target, domain_.pid(peer.task));
+    l = std::make_unique<ShmLane>(*this, peer, fifo_depth_, target, domain_.pid(peer.task),
+                                  mapped.ok() ? domain_.peer_wake_fd(peer.task, peer.context) : -1);
     active_.push_back(l.get());
     responses_.reserve(active_.size());  // at most one answer in flight per lane
     if (!mapped.ok()) fail_lane(*l, mapped);
@@ -62,7 +64,10 @@ void ShmDevice::fail_lane(ShmLane& lane, Status why) {
 
 bool ShmDevice::commit(ShmLane& lane, device::ReceptionQueue::Reservation r, std::size_t bytes,
                        std::uint16_t kind) {
-  if (lane.target_->commit(r, static_cast<std::uint32_t>(bytes), me(kind))) return true;
+  const bool committed = lane.target_->commit(r, static_cast<std::uint32_t>(bytes), me(kind));
+  if (r.wake) [[unlikely]]
+    device::notify(lane.target_wake_);  // it sleeps (docs/DESIGN.md, "Event-driven progress")
+  if (committed) return true;
   fail_lane(lane, kCellSkipped);  // a packet of its ordered stream is lost
   return false;
 }
@@ -250,6 +255,35 @@ void ShmDevice::skip_stalled_cell() {
   }
   if (own.give_up(position)) ++cells_skipped_;
   stalled_since_ns_ = 0;
+}
+
+// (docs/DESIGN.md, "Event-driven progress") The ring is armed last: a
+// producer that finds it armed writes the eventfd drained first.
+Status ShmDevice::arm() {
+  (void)device::drain(wake_fds_[0]);  // a hint only: the ring says
+  if (domain_.death_pending()) domain_.watch(true);
+  return arm_quiet();
+}
+
+// Its eventfd and the deaths' set were just seen quiet by the context.
+Status ShmDevice::arm_quiet() {
+  if (domain_.unwakeable())
+    return {StatusCode::not_supported, "shm: a peer could not take this context's wake-up eventfd "
+                                       "(pidfd_getfd refused): its packets could not wake a sleeper"};
+  if (domain_.deaths() != deaths_seen_ || !responses_.empty())
+    return {StatusCode::busy, "shm: a peer exited, or GETs are being answered"};
+  for (ShmLane* l : active_) {
+    auto& fifo = l->fifo();
+    const std::uint64_t head = fifo.counter().snapshot();
+    // (A ring-copy PUT or GET waiting for the peer's answer waits on this ring.)
+    const bool answered = (l->put_waiting_ && l->put_answered_) ||
+                          (l->get_waiting_ && l->get_received_ >= fifo.at(head).rdma.length);
+    const bool moving = head < fifo.injected() && (answered || (!l->put_waiting_ && !l->get_waiting_));
+    if (moving || (!l->failure_.ok() && !l->reported_))
+      return {StatusCode::busy, "shm: a lane has descriptors to move or a failure to report"};
+  }
+  if (!domain_.own_queue(context_).arm()) return {StatusCode::busy, "shm: a cell is in the ring"};
+  return Status::success();
 }
 
 std::size_t ShmDevice::progress(device::PacketSink& sink, std::size_t budget) {

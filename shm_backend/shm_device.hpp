@@ -15,6 +15,7 @@
 // any lane that broke.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -38,8 +39,8 @@ class ShmLane final : public device::Lane {
   // target: the peer context's ring, nullptr when its segment could not be
   // mapped (the lane is then failed and carries nothing).
   ShmLane(ShmDevice& device, Endpoint peer, std::uint32_t fifo_depth, device::ReceptionQueue* target,
-          std::uint32_t pid)
-      : Lane(peer, fifo_depth), device_(device), target_(target), pid_(pid) {}
+          std::uint32_t pid, int target_wake)
+      : Lane(peer, fifo_depth), device_(device), target_(target), pid_(pid), target_wake_(target_wake) {}
 
   std::size_t max_packet() const override;
   // With CMA a GET is one system call and one copy; the rings move a few
@@ -55,6 +56,7 @@ class ShmLane final : public device::Lane {
   ShmDevice& device_;
   device::ReceptionQueue* target_;
   std::uint32_t pid_;
+  int target_wake_;  // the peer context's eventfd (the domain's): written when its ring was armed
   // The head descriptor's progress on the ring-copy path: a PUT is done
   // when the peer said it placed (or refused) the bytes.
   std::uint64_t put_sent_ = 0;
@@ -84,6 +86,14 @@ class ShmDevice final : public device::Device {
   // batch go back to the producers.
   std::size_t return_credit() override;
   bool abandon(Endpoint peer, Status why) override;
+  // The context's eventfd (peers write it when they find its ring armed)
+  // and the domain's set of peer exits.
+  std::span<const int> wake_fds() const override { return wake_fds_; }
+  // Busy while a lane has descriptors to move (a full peer ring is drained
+  // by a peer that is awake), answers to serve or a death to report;
+  // not_supported when a peer could not take this context's eventfd.
+  Status arm() override;
+  Status arm_quiet() override;
 
   // Cells dropped because they failed a check (origin, kind, key, tag).
   std::uint64_t dropped() const { return dropped_; }
@@ -145,6 +155,7 @@ class ShmDevice final : public device::Device {
   std::vector<ShmLane*> active_;                 // lanes made so far
   std::vector<GetResponse> responses_;           // GETs being answered through the rings; room for one a lane
   std::vector<SharedView> shared_views_;         // bounded by kMaxSharedViews
+  std::array<int, 2> wake_fds_;
   std::uint64_t dropped_ = 0;
   std::uint32_t progress_calls_ = 0;
   std::uint64_t deaths_seen_ = 0;                // domain_.deaths() when last looked

@@ -3,6 +3,7 @@
 #include "shm_domain.hpp"
 
 #include <poll.h>
+#include <sys/epoll.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -11,6 +12,7 @@
 #include <cerrno>
 
 #include "ami/device/coarse_clock.hpp"
+#include "ami/error.hpp"
 
 namespace ami::shm {
 
@@ -46,6 +48,8 @@ ShmDomain::ShmDomain(std::uint32_t task, std::uint32_t tasks, std::uint16_t cont
       peers_(std::make_unique<Peer[]>(tasks)), cma_(options.cma && cma_allowed()),
       stall_timeout_ms_(options.stall_timeout_ms), key_id_(key_id) {
   regions.publish_to(own_.regions());
+  deaths_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  if (deaths_fd_ < 0) throw Error("shm: epoll_create1", errno);
 }
 
 Status ShmDomain::learn(const PeerAddress& peer) {
@@ -75,6 +79,12 @@ Status ShmDomain::map_first(std::uint32_t task) {
   a->task = task;
   a->status = open_segment(p, *a);
   if (a->status.ok()) segments_mapped_.fetch_add(1, std::memory_order_relaxed);
+  if (a->status.ok() && a->pidfd >= 0) {  // a sleeping context wakes when the peer exits
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u32 = task;
+    (void)::epoll_ctl(deaths_fd_, EPOLL_CTL_ADD, a->pidfd, &ev);
+  }
   p.attachment.store(a.get(), std::memory_order_release);
   attachments_.push_back(std::move(a));
   return attachments_.back()->status;
@@ -86,7 +96,7 @@ Status ShmDomain::map_first(std::uint32_t task) {
 Status ShmDomain::open_segment(const Peer& p, Attachment& a) {
   a.pidfd = static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(p.pid), 0));
   if (a.pidfd < 0 && errno == ESRCH) return kExitedUnmapped;
-  const Status s = a.segment.open(p.pid, p.fd, a.task, contexts());
+  const Status s = a.segment.open(p.pid, p.fd, a.task, contexts(), a.pidfd);
   if (s.ok()) return s;
   const bool gone = exited(a.pidfd, p.pid);
   if (a.pidfd >= 0) ::close(a.pidfd);
@@ -97,14 +107,20 @@ Status ShmDomain::open_segment(const Peer& p, Attachment& a) {
 ShmDomain::~ShmDomain() {
   for (const auto& a : attachments_)
     if (a->pidfd >= 0) ::close(a->pidfd);
+  ::close(deaths_fd_);
+}
+
+bool ShmDomain::death_pending() const {
+  epoll_event ev;
+  return ::epoll_wait(deaths_fd_, &ev, 1, 0) > 0;
 }
 
 // Only the mapped peers are looked at: the others cost nothing here.
-void ShmDomain::watch() {
+void ShmDomain::watch(bool now_please) {
   std::unique_lock lock(lock_, std::try_to_lock);
   if (!lock.owns_lock()) return;  // another context is looking, or mapping a peer
   const std::int64_t now = device::coarse_now_ns();
-  if (now < next_watch_ns_) return;
+  if (now < next_watch_ns_ && !now_please) return;
   next_watch_ns_ = now + 10'000'000;
   for (const auto& a : attachments_) {
     const Peer& p = peers_[a->task];
@@ -132,10 +148,16 @@ bool ShmDomain::look_at_unmapped_peers() {
   return deaths() != 0;
 }
 
+// Every context hears of it, asleep or not: the pidfd leaves the set of
+// deaths to wake on (it stays readable), and each context's eventfd is
+// written, since the context that saw it may not be the one it concerns.
 void ShmDomain::mark_dead(std::uint32_t task) {
   peers_[task].dead.store(true, std::memory_order_release);
   dead_list_.push_back(task);
   deaths_.fetch_add(1, std::memory_order_acq_rel);
+  if (const Attachment* a = peers_[task].attachment.load(std::memory_order_acquire); a != nullptr && a->pidfd >= 0)
+    (void)::epoll_ctl(deaths_fd_, EPOLL_CTL_DEL, a->pidfd, nullptr);
+  for (std::uint16_t c = 0; c < contexts(); ++c) device::notify(own_.wake_fd(c));
 }
 
 std::vector<std::uint32_t> ShmDomain::dead_tasks() {

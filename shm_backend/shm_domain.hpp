@@ -112,7 +112,14 @@ class ShmDomain {
   // dead_tasks() lists them. A peer not mapped here is not watched: the TCP
   // bootstrap tells the contexts of its end (PMIx does not), and mapping it
   // fails.
-  void watch();
+  // now_please: look at once, not only after 10 ms (a sleeping context
+  // woken by deaths_fd()).
+  void watch(bool now_please = false);
+  // An epoll set of the mapped peers' pidfds: readable while one of them
+  // exited and watch() has not seen it yet (docs/DESIGN.md, "Event-driven
+  // progress"); death_pending() asks it without blocking.
+  int deaths_fd() const { return deaths_fd_; }
+  bool death_pending() const;
   // A context's ring is held up by a cell its producer reserved and never
   // committed, and no peer is known to have failed: the producer may be one
   // that died without this process ever mapping it (so never watched). The
@@ -127,6 +134,12 @@ class ShmDomain {
   std::vector<std::uint32_t> dead_tasks();
 
   device::ReceptionQueue& own_queue(std::uint16_t context) { return own_.queue(context); }
+  // The context's wake-up eventfd, which peers write when they find its
+  // ring armed; and whether some peer could not take it.
+  const int& own_wake_fd(std::uint16_t context) const { return own_.wake_fd(context); }
+  bool unwakeable() const { return own_.unwakeable(); }
+  // A mapped peer context's wake-up eventfd (-1: it could not be taken).
+  int peer_wake_fd(std::uint32_t task, std::uint16_t context) const { return segment(task).wake_fd(context); }
 
   bool cma() const { return cma_.load(std::memory_order_relaxed); }
   // CMA was refused (EPERM, ENOSYS): every context switches to the rings.
@@ -178,6 +191,7 @@ class ShmDomain {
   std::int64_t next_watch_ns_ = 0;                         // under lock_
   std::atomic<std::uint32_t> segments_mapped_{0};
   std::atomic<std::uint64_t> deaths_{0};
+  int deaths_fd_ = -1;  // epoll of the mapped peers' pidfds
 };
 
 }  // namespace ami::shm

@@ -242,7 +242,9 @@ std::size_t ShmDevice::serve_get_responses() {
       RdmaChunk c{.tag = g.tag, .offset = g.sent, .bytes = chunk, .status = g.status};
       std::memcpy(r.data(), &c, sizeof c);
       if (chunk != 0) std::memcpy(r.data() + sizeof c, g.source + g.sent, chunk);
-      if (!q.commit(r, static_cast<std::uint32_t>(sizeof c + chunk), me(g.kind))) {
+      const bool committed = q.commit(r, static_cast<std::uint32_t>(sizeof c + chunk), me(g.kind));
+      if (r.wake) device::notify(domain_.peer_wake_fd(g.to.task, g.to.context));
+      if (!committed) {
         if (ShmLane* l = made_lane(g.to)) fail_lane(*l, kCellSkipped);  // the answer is lost
         finished = true;
         break;

@@ -23,6 +23,7 @@ std::string_view to_string(StatusCode code) {
     case StatusCode::canceled: return "canceled";
     case StatusCode::timeout: return "timeout";
     case StatusCode::not_supported: return "not_supported";
+    case StatusCode::busy: return "busy";
   }
   return "unknown_status";
 }

@@ -22,7 +22,6 @@ constexpr std::uint64_t kLaneMask = (1ull << 22) - 1;
 constexpr std::uint64_t kNumberMask = (1ull << kLaneShift) - 1;
 static_assert(kLaneShift + 22 <= 61, "lane and number bits must not reach the flag bits");
 
-constexpr int kPollBatch = 16;
 constexpr std::uint64_t kStagingAlign = 64;
 
 constexpr std::uint64_t send_wr_id(std::uint32_t lane, std::uint64_t n, std::uint64_t flags) {
@@ -530,6 +529,11 @@ std::size_t VerbsDevice::progress(device::PacketSink& sink, std::size_t budget) 
   // What ring() held back goes first; what a full staging ring stopped goes
   // in tend_lanes(), after the completions that free it.
   flush();
+  if (stashed_ != 0) [[unlikely]] {  // found by arm()
+    const int n = stashed_;
+    stashed_ = 0;
+    return progress_rest(sink, budget, stash_, n);
+  }
   ibv_wc wc[kPollBatch];
   const int want = static_cast<int>(std::min<std::size_t>(kPollBatch, budget));
   const int n = want > 0 ? ibv_poll_cq(queues_.cq.get(), want, wc) : 0;

@@ -58,9 +58,13 @@ VerbsDevice::VerbsDevice(VerbsDomain& domain, std::uint16_t context, std::uint32
     throw Error("verbs: the injection FIFO depth (" + std::to_string(fifo_depth) +
                 ") must be below sq_depth (" + std::to_string(domain.options().sq_depth) + ")");
   active_.reserve(lanes_.size());
+  wake_fds_[wake_count_++] = queues_.channel->fd;
+  if (cm_) wake_fds_[wake_count_++] = queues_.cm_channel->fd;
 }
 
 VerbsDevice::~VerbsDevice() {
+  // ibv_destroy_cq waits for every event taken off the channel to be acknowledged.
+  if (unacked_events_ != 0) ibv_ack_cq_events(queues_.cq.get(), unacked_events_);
   // The lanes' registrations go with them: stop any WR still reading them.
   for (VerbsLane* l : active_) {
     if (l->broken_ || l->fifo().counter().snapshot() >= l->posted_) continue;
@@ -116,18 +120,40 @@ device::Lane* VerbsDevice::lane(Endpoint peer) {
   return &lane;
 }
 
+// (docs/DESIGN.md, "Event-driven progress") The channel is non-blocking:
+// taking its events ends at EAGAIN. They are acknowledged kAckBatch at a
+// time, since ibv_ack_cq_events takes the CQ's lock.
 Status VerbsDevice::arm() {
+  while (stashed_ == 0 && queues_.channel != nullptr) {
+    ibv_cq* cq = nullptr;
+    void* cookie = nullptr;
+    if (ibv_get_cq_event(queues_.channel.get(), &cq, &cookie) != 0) break;
+    if (++unacked_events_ >= kAckBatch) {
+      ibv_ack_cq_events(cq, unacked_events_);
+      unacked_events_ = 0;
+    }
+  }
+  if (stashed_ != 0 || handshakes_ != 0 || tending_ || broken_lanes_ != 0)
+    return {StatusCode::busy, "verbs: completions, a handshake or a lane to tend"};
   if (int rc = ibv_req_notify_cq(queues_.cq.get(), 0)) {
     log("ibv_req_notify_cq: %s", std::strerror(errno_of_rc(rc)));
     return {StatusCode::device_error, "verbs: ibv_req_notify_cq failed (see the log)"};
   }
+  // What came before the request raised no event: look once more.
+  stashed_ = ibv_poll_cq(queues_.cq.get(), kPollBatch, stash_);
+  if (stashed_ < 0) {
+    log("ibv_poll_cq on context %u: error %d", context_, stashed_);
+    stashed_ = 0;
+    return {StatusCode::device_error, "verbs: ibv_poll_cq failed (see the log)"};
+  }
+  if (stashed_ != 0) return {StatusCode::busy, "verbs: completions came while arming"};
   return Status::success();
 }
 
 void VerbsDevice::consume_event() {
   ibv_cq* cq = nullptr;
   void* cookie = nullptr;
-  if (ibv_get_cq_event(queues_.channel.get(), &cq, &cookie) == 0) ibv_ack_cq_events(cq, 1);
+  if (ibv_get_cq_event(queues_.channel.get(), &cq, &cookie) == 0) ++unacked_events_;
 }
 
 }  // namespace ami::verbs

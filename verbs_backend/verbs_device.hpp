@@ -131,11 +131,19 @@ class VerbsDevice final : public device::Device {
   std::size_t return_credit() override;
   void flush() override;
 
-  // Blocking waits: the completion channel's fd becomes readable after
-  // arm() once a completion arrives; consume_event() then reads it.
+  // Sleeping (docs/DESIGN.md, "Event-driven progress"): the completion
+  // channel (and with rdma_cm its event channel) wake the context. arm()
+  // takes the channel's events (acknowledged in batches), asks for the next
+  // (ibv_req_notify_cq) and polls the CQ once more: completions found then
+  // are kept for the next progress(), and it says busy. Busy too while a
+  // handshake, a lane to tend or a broken lane needs progress() anyway.
+  std::span<const int> wake_fds() const override { return {wake_fds_.data(), wake_count_}; }
+  Status arm() override;
   int completion_fd() const { return queues_.channel->fd; }
-  Status arm();
+  // Takes one event off the completion channel, if there is one.
   void consume_event();
+  // Channel events taken and not yet acknowledged (ibv_ack_cq_events).
+  unsigned unacked_events() const { return unacked_events_; }
 
   struct Counters {
     std::uint64_t send_completions = 0;  // send CQEs polled (each retires a run)
@@ -230,6 +238,14 @@ class VerbsDevice final : public device::Device {
   const bool cm_;                    // connections by rdma_cm: its channel is read in progress()
   std::int64_t next_cm_poll_ns_ = 0;  // when an idle context reads it next
   Counters counters_;
+  // Sleeping.
+  static constexpr int kPollBatch = 16;
+  static constexpr unsigned kAckBatch = 64;  // channel events per ibv_ack_cq_events (it takes a lock)
+  std::array<int, 2> wake_fds_{-1, -1};
+  std::size_t wake_count_ = 0;
+  unsigned unacked_events_ = 0;
+  ibv_wc stash_[kPollBatch];  // what arm()'s last look found, for the next progress()
+  int stashed_ = 0;
 };
 
 }  // namespace ami::verbs

@@ -1,6 +1,8 @@
 // verbs_backend/verbs_setup.cpp — building the domain: port, protection
 // domain, each context's CQ, SRQ, receive buffers and UD queue pair; the RC
 // queue pairs of lanes as they are made; memory registration.
+#include <fcntl.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -195,6 +197,10 @@ std::unique_ptr<ContextQueues> VerbsDomain::make_queues() {
   const std::uint64_t cqe = std::min<std::uint64_t>(std::max<std::uint64_t>(need, options_.cq_depth),
                                                     static_cast<std::uint64_t>(port_.max_cqe));
   q->channel.reset(require(ibv_create_comp_channel(ctx), "ibv_create_comp_channel"));
+  // Read without blocking: a context about to sleep takes every event it holds.
+  if (const int flags = ::fcntl(q->channel->fd, F_GETFL);
+      flags < 0 || ::fcntl(q->channel->fd, F_SETFL, flags | O_NONBLOCK) < 0)
+    throw Error("verbs: fcntl O_NONBLOCK on the completion channel", errno);
   q->cq.reset(
       require(ibv_create_cq(ctx, static_cast<int>(cqe), nullptr, q->channel.get(), 0), "ibv_create_cq"));
   q->cqe = q->cq->cqe;

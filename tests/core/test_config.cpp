@@ -354,7 +354,7 @@ TEST_CASE("status text names the problem") {
   ami::Status s{ami::StatusCode::invalid_argument, "send: payload is null"};
   CHECK(ami::to_string(s) == "invalid_argument: send: payload is null");
   CHECK(ami::to_string(ami::Status::success()) == "ok");
-  for (int c = 0; c <= static_cast<int>(ami::StatusCode::not_supported); ++c)
+  for (int c = 0; c <= static_cast<int>(ami::StatusCode::busy); ++c)
     CHECK(ami::to_string(static_cast<ami::StatusCode>(c)) != "unknown_status");
 }
 

@@ -162,3 +162,41 @@ TEST_CASE("several producers, one consumer: every packet once, per-producer orde
   CHECK(ordered);
   for (int p = 0; p < kProducers; ++p) CHECK(next[p] == kEach);
 }
+
+// docs/DESIGN.md, "Event-driven progress": the consumer arms only an empty
+// ring; the one reservation that takes the bit is told to wake it, and the
+// position arithmetic never sees the bit.
+TEST_CASE("arm: only an empty ring arms, and exactly one producer is told to wake the consumer") {
+  Buffer mem(ReceptionQueue::bytes_needed(4, 128));
+  auto q = ReceptionQueue::create(mem.p, 4, 128);
+  CHECK(q.arm());
+  CHECK(q.arm());  // armed already
+  CHECK(q.tail() == 0);
+  CHECK(q.occupancy() == 0);
+  auto first = q.reserve();
+  REQUIRE(first);
+  CHECK(first.wake);
+  CHECK(first.position == 0);
+  auto second = q.reserve();
+  REQUIRE(second);
+  CHECK_FALSE(second.wake);
+  CHECK(q.tail() == 2);
+  CHECK(q.occupancy() == 2);
+  CHECK_FALSE(q.arm());  // two cells reserved: consume first
+  CHECK(q.commit(first, 1, {}));
+  CHECK(q.commit(second, 1, {}));
+  ReceptionQueue::Arrival a;
+  for (int i = 0; i < 2; ++i) {
+    REQUIRE(q.peek(a));
+    q.release();
+  }
+  CHECK(q.arm());
+  // A full ring stays full with the bit set: the producers still see it so.
+  for (int i = 0; i < 4; ++i) {
+    auto r = q.reserve();
+    REQUIRE(r);
+    CHECK(r.wake == (i == 0));
+    CHECK(q.commit(r, 1, {}));
+  }
+  CHECK_FALSE(q.reserve());
+}

@@ -88,6 +88,19 @@ else
   echo "skipped: bench/plot_json.sh (no gnuplot: apt-get install gnuplot-nox)"
 fi
 
+# -e: both sides sleep on their contexts' event_fd() between messages
+# (ami::wait_until), one packet and several, shm and self.
+run ami_send_lat "8" --local -e -n 300 -s 8
+run ami_send_lat "65536" --local -e -n 100 -s 65536
+run ami_send_lat "8" --backend self -e -n 300 -s 8
+run ami_send_bw "4096" --local -e -n 2000 -s 4096 -t 16
+run ami_read_lat "4096" --local -e -n 200 -s 4096
+run ami_read_bw "65536" --local -e -n 300 -s 65536
+run ami_send_lat "8" --local -e --spin 5 -n 300 -s 8
+
+refuse ami_write_lat -e
+refuse ami_write_bw --events
+refuse ami_send_lat --spin 5
 refuse ami_send_lat -s 0
 refuse ami_send_lat --backend tcp
 refuse ami_write_bw -m 1000

@@ -31,6 +31,11 @@ struct Options {
   // test a send leaves the window (-t) when its remote_done runs.
   bool remote_done = false;
   bool stats = false;          // print the context's counters at the end
+  // -e: each side sleeps on its context's event_fd() whenever an advance()
+  // finds nothing (ami/wait.hpp), as perftest's -e sleeps on a completion
+  // channel; otherwise it busy-polls.
+  bool events = false;
+  unsigned spin_us = 0;        // --spin: with -e, busy-poll this long after the last event first
   std::string out_json;        // "": no JSON report
 
   // perftest's device options; each maps to an AMI_* configuration entry

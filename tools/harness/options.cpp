@@ -57,6 +57,10 @@ void usage(Test t) {
       "      --remote_done        send tests: every measured send asks for remote_done (bandwidth:\n"
       "                           a send leaves the window when it runs); each side that sent\n"
       "                           acks prints how many messages they answered (\"# acks:\")\n"
+      "  -e, --events             sleep on the context's event_fd() whenever there is nothing to do,\n"
+      "                           instead of busy-polling (as perftest's -e; not for the write tests)\n"
+      "      --spin=<usec>        with -e: busy-poll this long after the last event before sleeping\n"
+      "                           (default 0: sleep at once)\n"
       "      --stats              print this side's message, packet and rendezvous counters at the end\n"
       "                           (\"# stats:\" lines)\n"
       "      --out_json           also write the results as JSON (default file ami_out.json)\n"
@@ -107,7 +111,7 @@ const char* tool_name(Test t) {
 }
 
 bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
-  enum { kBackend = 1000, kLocal, kGbits, kJson, kJsonFile, kRemoteDone, kStats };
+  enum { kBackend = 1000, kLocal, kGbits, kJson, kJsonFile, kRemoteDone, kStats, kSpin };
   static const option kLong[] = {
       {"size", required_argument, nullptr, 's'},   {"all", no_argument, nullptr, 'a'},
       {"iters", required_argument, nullptr, 'n'},  {"tx-depth", required_argument, nullptr, 't'},
@@ -118,7 +122,8 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
       {"gid-index", required_argument, nullptr, 'x'}, {"rdma_cm", no_argument, nullptr, 'R'},
       {"mtu", required_argument, nullptr, 'm'},    {"cq-mod", required_argument, nullptr, 'Q'},
       {"inline_size", required_argument, nullptr, 'I'}, {"remote_done", no_argument, nullptr, kRemoteDone},
-      {"stats", no_argument, nullptr, kStats},
+      {"stats", no_argument, nullptr, kStats},     {"events", no_argument, nullptr, 'e'},
+      {"spin", required_argument, nullptr, kSpin},
       {"post_list", required_argument, nullptr, 'l'},
       {"help", no_argument, nullptr, 'h'},         {nullptr, 0, nullptr, 0}};
   o = Options{};
@@ -126,8 +131,8 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
   help = false;
   optind = 1;
   std::size_t v = 0;
-  bool backend_given = false, json = false, verbs_option = false, sizes_given = false;
-  for (int c; (c = getopt_long(argc, argv, "s:an:t:p:hd:i:x:Rm:Q:I:l:", kLong, nullptr)) != -1;) {
+  bool backend_given = false, json = false, verbs_option = false, sizes_given = false, spin_given = false;
+  for (int c; (c = getopt_long(argc, argv, "s:an:t:p:hd:i:x:Rm:Q:I:l:e", kLong, nullptr)) != -1;) {
     if (is_verbs_option(c)) verbs_option = true;
     switch (c) {
       case 's':
@@ -209,6 +214,12 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
       case kGbits: o.report_gbits = true; break;
       case kRemoteDone: o.remote_done = true; break;
       case kStats: o.stats = true; break;
+      case 'e': o.events = true; break;
+      case kSpin:
+        if (!number(optarg, v, 0, 1000000, "--spin")) return false;
+        o.spin_us = static_cast<unsigned>(v);
+        spin_given = true;
+        break;
       case 'h':
         usage(test);
         help = true;
@@ -242,6 +253,15 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
   if (o.remote_done && test != Test::send_lat && test != Test::send_bw) {
     std::fprintf(stderr, "error: --remote_done is for the send tests (ami_send_lat, ami_send_bw), not %s: "
                  "a PUT or GET has no remote_done\n", tool_name(test));
+    return false;
+  }
+  if (spin_given && !o.events) {
+    std::fprintf(stderr, "error: --spin is how long -e busy-polls before it sleeps: give -e too\n");
+    return false;
+  }
+  if (o.events && (test == Test::write_lat || test == Test::write_bw)) {
+    std::fprintf(stderr, "error: --events is not for %s: a PUT lands in memory with no message to wake "
+                 "the side that polls it\n", tool_name(test));
     return false;
   }
   if (json && o.out_json.empty()) o.out_json = "ami_out.json";

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "ami/ami.hpp"
+#include "ami/wait.hpp"
 #include "harness.hpp"
 #include "report.hpp"
 
@@ -179,8 +180,13 @@ class Server {
     check(c_.set_dispatch(kControl, {&Server::on_control, this}));
   }
   void serve() {
+    // -e: asleep until a message (or the end of a remote_done) gives it work.
+    const auto work = [&] { return quit_ || (ack_report_wanted_ && remote_pending_ == 0); };
     while (!quit_) {
-      (void)c_.advance();
+      if (o_.events)
+        check(wait_until(c_, work, {.spin = std::chrono::microseconds(o_.spin_us)}));
+      else
+        (void)c_.advance();
       if (writing_ && last_byte(memory_, size_) == expect_) write_back();
       if (ack_report_wanted_ && remote_pending_ == 0) report_acks();
     }
@@ -336,6 +342,10 @@ class Driver {
     if (!s.ok()) throw Error("client: " + to_string(s));
   }
   void wait(const bool& flag) {
+    if (o_.events) {
+      check(wait_until(c_, [&] { return flag; }, {.spin = std::chrono::microseconds(o_.spin_us)}));
+      return;
+    }
     while (!flag) (void)c_.advance();
   }
 
@@ -506,7 +516,12 @@ class Driver {
         check(s);
         ++posted;
       }
-      (void)c_.advance();
+      if (o_.events) {  // asleep until a completion frees a slot of the window
+        const std::size_t seen = completed_;
+        check(wait_until(c_, [&] { return completed_ != seen; }, {.spin = std::chrono::microseconds(o_.spin_us)}));
+      } else {
+        (void)c_.advance();
+      }
     }
     if (!failure_.ok()) throw Error("client: an operation failed: " + to_string(failure_));
     synced_ = false;

@@ -19,6 +19,8 @@ SelfDomain::SelfDomain(std::uint32_t task, std::uint16_t contexts, std::uint32_t
   for (std::uint16_t c = 0; c < contexts; ++c)
     queues_.push_back(device::ReceptionQueue::create(static_cast<std::byte*>(mem) + one * c,
                                                      queue_depth, cell_bytes));
+  wakes_.resize(contexts);
+  for (const device::EventFd& e : wakes_) wake_fds_.push_back(e.fd());
 }
 
 SelfDevice::SelfDevice(SelfDomain& domain, std::uint16_t context, std::uint32_t fifo_depth)
@@ -72,6 +74,7 @@ bool SelfDevice::deliver(SelfLane& lane, const device::PacketDescriptor& p) {
   if (p.payload_len != 0) std::memcpy(r.data() + p.inline_len, p.payload, p.payload_len);
   // (Only the shm backend's consumers give a cell up; here commit succeeds.)
   (void)q.commit(r, p.inline_len + p.payload_len, {domain_.task(), context_, 0});
+  if (r.wake) device::notify(domain_.wake_fd(lane.peer().context));
   return true;
 }
 
@@ -108,6 +111,19 @@ std::size_t SelfDevice::drain_lane(SelfLane& lane) {
 // A task with one context only ever hears from itself: nothing to poll
 // until it sends to itself.
 bool SelfDevice::wants_progress() const { return lanes_.size() != 1 || lanes_[0] != nullptr; }
+
+Status SelfDevice::arm() {
+  (void)device::drain(domain_.wake_fd(context_));  // a hint only: the queue says
+  return arm_quiet();
+}
+
+Status SelfDevice::arm_quiet() {
+  for (const auto& l : lanes_)
+    if (l && (l->fifo().counter().snapshot() < l->fifo().injected() || (!l->failure_.ok() && !l->reported_)))
+      return {StatusCode::busy, "self: a lane has descriptors to carry out"};
+  if (!domain_.queue(context_).arm()) return {StatusCode::busy, "self: a packet is in the queue"};
+  return Status::success();
+}
 
 std::size_t SelfDevice::progress(device::PacketSink& sink, std::size_t budget) {
   if (!wants_progress()) return 0;

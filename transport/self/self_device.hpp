@@ -16,6 +16,7 @@
 #include "ami/device/device.hpp"
 #include "ami/device/reception_queue.hpp"
 #include "ami/device/region_table.hpp"
+#include "ami/device/wake.hpp"
 
 namespace ami::self {
 
@@ -31,6 +32,9 @@ class SelfDomain {
   device::ReceptionQueue& queue(std::uint16_t context) { return queues_[context]; }
   const device::ReceptionQueue& queue(std::uint16_t context) const { return queues_[context]; }
   const device::RegionTable& regions() const { return regions_; }
+  // The context's wake-up: written by a producer whose reservation found
+  // its queue armed (docs/DESIGN.md, "Event-driven progress").
+  const int& wake_fd(std::uint16_t context) const { return wake_fds_[context]; }
 
  private:
   struct FreeAligned {
@@ -42,6 +46,8 @@ class SelfDomain {
   const device::RegionTable& regions_;
   std::unique_ptr<void, FreeAligned> memory_;
   std::vector<device::ReceptionQueue> queues_;
+  std::vector<device::EventFd> wakes_;  // by context
+  std::vector<int> wake_fds_;           // their descriptors
 };
 
 class SelfLane final : public device::Lane {
@@ -72,6 +78,11 @@ class SelfDevice final : public device::Device {
   std::size_t progress(device::PacketSink& sink, std::size_t budget) override;
   bool wants_progress() const override;
   unsigned reception_load() const override;
+  std::span<const int> wake_fds() const override { return {&domain_.wake_fd(context_), 1}; }
+  // Busy while a lane holds descriptors to carry out: their copies are this
+  // device's own work (a full target queue is drained by an awake target).
+  Status arm() override;
+  Status arm_quiet() override;  // (its eventfd was just seen quiet)
 
   // For deterministic tests: while held, the lane to target context keeps
   // its descriptors in its FIFO (nothing is delivered or copied);

@@ -3,12 +3,16 @@
 #include "connection_watch.hpp"
 
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 
 #include <cerrno>
 #include <cstring>
 
+#include <algorithm>
+
 #include "ami/device/coarse_clock.hpp"
+#include "ami/device/wake.hpp"
 
 namespace ami::detail {
 
@@ -17,15 +21,41 @@ ConnectionWatch::ConnectionWatch(std::vector<std::pair<std::uint32_t, int>> sock
     : self_(self), known_gone_(tasks, false) {
   for (const auto& [task, fd] : sockets) watched_.push_back({task, fd});
   gone_.reserve(tasks);
+  epoll_ = ::epoll_create1(EPOLL_CLOEXEC);  // (-1: sleeping contexts learn of ends by their timers only)
+  for (const Watched& w : watched_) {
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.fd = w.fd;
+    if (epoll_ >= 0) (void)::epoll_ctl(epoll_, EPOLL_CTL_ADD, w.fd, &ev);
+  }
+}
+
+ConnectionWatch::~ConnectionWatch() {
+  if (epoll_ >= 0) ::close(epoll_);
+}
+
+bool ConnectionWatch::pending() const {
+  epoll_event ev;
+  return epoll_ >= 0 && ::epoll_wait(epoll_, &ev, 1, 0) > 0;
+}
+
+void ConnectionWatch::add_waker(int fd) {
+  std::lock_guard lock(lock_);
+  wakers_.push_back(fd);
+}
+
+void ConnectionWatch::remove_waker(int fd) {
+  std::lock_guard lock(lock_);
+  std::erase(wakers_, fd);
 }
 
 // One poll() for every connection still open (rank 0 of a large job has
 // one per task); the ends it finds are told to the others in one write each.
-void ConnectionWatch::poll() {
+void ConnectionWatch::poll(bool now_please) {
   std::unique_lock lock(lock_, std::try_to_lock);
   if (!lock.owns_lock()) return;  // another context is looking
   const std::int64_t now = device::coarse_now_ns();
-  if (now < next_poll_ns_) return;
+  if (now < next_poll_ns_ && !now_please) return;
   next_poll_ns_ = now + 10'000'000;
   fds_.clear();
   open_.clear();
@@ -45,6 +75,7 @@ void ConnectionWatch::poll() {
     closed = closed || (revents & (POLLHUP | POLLRDHUP | POLLERR | POLLNVAL)) != 0;
     if (!closed) continue;
     w.closed = true;
+    if (epoll_ >= 0) (void)::epoll_ctl(epoll_, EPOLL_CTL_DEL, w.fd, nullptr);  // it stays readable
     record(w.task);
     ended_.push_back(w.task);
   }
@@ -77,6 +108,7 @@ void ConnectionWatch::record(std::uint32_t task) {
   known_gone_[task] = true;
   gone_.push_back(task);
   count_.store(gone_.size(), std::memory_order_release);
+  for (int fd : wakers_) device::notify(fd);
 }
 
 // Rank 0: the notices of ended_ to every task still connected, in one

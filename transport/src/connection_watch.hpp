@@ -15,6 +15,12 @@
 // a task is gone; when to fail it is the context's call (see
 // ContextImpl::check_connections: not before the peer's last packets are
 // taken). Under PMIx there are no such connections, and nothing to watch.
+//
+// A sleeping context (docs/DESIGN.md, "Event-driven progress") has
+// wake_fd() in its set: an epoll set of the connections still open, so
+// that a hang-up or a notice wakes it; an end, once recorded, is also
+// written to every context's eventfd (add_waker()), since the context that
+// looked may not be the only one asleep.
 #pragma once
 
 #include <poll.h>
@@ -33,10 +39,20 @@ class ConnectionWatch {
   // sockets: (task, descriptor), still owned by the bootstrap; self: this
   // task, of tasks.
   ConnectionWatch(std::vector<std::pair<std::uint32_t, int>> sockets, std::uint32_t self, std::uint32_t tasks);
+  ~ConnectionWatch();
+  ConnectionWatch(const ConnectionWatch&) = delete;
+  ConnectionWatch& operator=(const ConnectionWatch&) = delete;
 
   // Looks at the connections unless another thread is, or it looked less
   // than 10 ms ago.
-  void poll();
+  // now_please: without waiting out the 10 ms (a context woken by wake_fd()).
+  void poll(bool now_please = false);
+  int wake_fd() const { return epoll_; }
+  // A connection has something to say (a hang-up or a notice).
+  bool pending() const;
+  // eventfds written at every end recorded (under the lock).
+  void add_waker(int fd);
+  void remove_waker(int fd);
   // How many tasks ended so far; gone(i) is the i-th of them.
   std::size_t count() const { return count_.load(std::memory_order_acquire); }
   std::uint32_t gone(std::size_t i) const;
@@ -69,6 +85,8 @@ class ConnectionWatch {
   std::vector<std::uint32_t> ended_;  // under lock_: the ends one poll() found
   std::atomic<std::size_t> count_{0};
   std::atomic<std::uint64_t> bad_notices_{0};
+  int epoll_ = -1;             // the connections still open
+  std::vector<int> wakers_;    // under lock_
 };
 
 }  // namespace ami::detail

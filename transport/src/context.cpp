@@ -13,28 +13,35 @@ namespace detail {
 
 namespace {
 
-constexpr std::int64_t kGrace = 50'000'000;  // ns a task is known gone before it fails
+std::uint64_t heard_from(const protocol::AmEngine& engine, std::uint16_t contexts, std::uint32_t task) {
+  std::uint64_t n = 0;
+  for (std::uint16_t c = 0; c < contexts; ++c) n += engine.heard({task, c});
+  return n;
+}
 
 }  // namespace
 
 void ContextImpl::look_at_connections() {
-  const std::uint16_t contexts = client.context_count();
-  auto heard_from = [&](std::uint32_t task) {
-    std::uint64_t n = 0;
-    for (std::uint16_t c = 0; c < contexts; ++c) n += engine.heard({task, c});
-    return n;
-  };
   if ((checks & 63) == 0) {
     connections->poll();
-    for (const std::size_t n = connections->count(); connections_seen < n; ++connections_seen) {
-      const std::uint32_t task = connections->gone(connections_seen);
-      suspects.push_back({task, device::coarse_now_ns(), heard_from(task)});
-    }
+    take_ends();
   }
+  judge_suspects();
+}
+
+void ContextImpl::take_ends() {
+  for (const std::size_t n = connections->count(); connections_seen < n; ++connections_seen) {
+    const std::uint32_t task = connections->gone(connections_seen);
+    suspects.push_back({task, device::coarse_now_ns(), heard_from(engine, client.context_count(), task)});
+  }
+}
+
+void ContextImpl::judge_suspects() {
   if (suspects.empty()) return;
+  const std::uint16_t contexts = client.context_count();
   const std::int64_t now = device::coarse_now_ns();
   std::erase_if(suspects, [&](Suspect& s) {
-    const std::uint64_t heard = heard_from(s.task);
+    const std::uint64_t heard = heard_from(engine, contexts, s.task);
     if (heard != s.heard || now - s.since_ns < kGrace) {
       s.heard = heard;  // still taking what it sent
       return false;
@@ -128,7 +135,24 @@ void Context::set_fence_handler(FenceHandler handler) {
 
 Status Context::post(Callback work) {
   if (in_forked_child(fork_generation_)) return kForkedChild<"post">;
-  return impl_ ? impl_->engine.post(work) : kRetired;
+  if (!impl_) return kRetired;
+  const Status s = impl_->engine.post(work);
+  if (s.ok() && impl_->sleeping.load(std::memory_order_acquire)) impl_->wake.signal();
+  return s;
+}
+
+int Context::event_fd() {
+  if (in_forked_child(fork_generation_) || !impl_) return -1;
+  return impl_->open_wake().ok() ? impl_->wake.fd() : -1;
+}
+
+Status Context::arm() {
+  if (in_forked_child(fork_generation_)) return kForkedChild<"arm">;
+  return impl_ ? impl_->arm() : kRetired;
+}
+
+void Context::signal() {
+  if (impl_ && !in_forked_child(fork_generation_)) impl_->wake.signal();  // (its eventfd exists from the start)
 }
 
 void Context::set_error_handler(PeerErrorHandler handler) {
@@ -212,6 +236,8 @@ std::size_t Context::advance(std::size_t max_loops) {
   if (in_forked_child(fork_generation_)) return 0;
   detail::ContextImpl* impl = impl_.get();
   if (impl == nullptr) return 0;
+  if (impl->sleeping.load(std::memory_order_relaxed)) [[unlikely]]
+    impl->sleeping.store(false, std::memory_order_relaxed);
   std::size_t events = 0;
   for (std::size_t i = 0; i < max_loops; ++i) {
     const std::size_t n = impl->engine.advance();

@@ -2,6 +2,7 @@
 // backend that reaches some task) and the protocol engine over them. Internal.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -13,6 +14,7 @@
 #include "connection_watch.hpp"
 #include "eager/am_engine.hpp"
 #include "registration_cache.hpp"
+#include "wake_set.hpp"
 
 namespace ami::detail {
 
@@ -33,6 +35,9 @@ struct ContextImpl {
     engine.set_directory(directory);
     for (const auto& d : devices) engine.add_device(*d);
   }
+  ~ContextImpl() {
+    if (connections != nullptr && wake.is_open()) connections->remove_waker(wake.signal_fd());
+  }
 
   static std::vector<std::unique_ptr<device::Device>> make_devices(const BackendSet& backends,
                                                                    std::uint16_t index, std::uint32_t fifo_depth,
@@ -52,6 +57,19 @@ struct ContextImpl {
     if (connections != nullptr && ((++checks & 63) == 0 || !suspects.empty())) look_at_connections();
   }
   void look_at_connections();
+  // The two halves of it: ends the watch recorded become suspects; a
+  // suspect past its grace with nothing more from it fails.
+  void take_ends();
+  void judge_suspects();
+
+  // Sleeping (context_sleep.cpp; docs/DESIGN.md, "Event-driven progress").
+  Status open_wake();
+  Status arm();
+  WakeSet wake;
+  // Set by a successful arm(), cleared by advance(): post() then wakes it.
+  std::atomic<bool> sleeping{false};
+
+  static constexpr std::int64_t kGrace = 50'000'000;  // ns a task is known gone before it fails
 
   Client& client;
   std::uint16_t index;

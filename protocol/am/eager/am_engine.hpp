@@ -130,6 +130,17 @@ class AmEngine final : public device::PacketSink {
   AckPeerStats ack_stats(Endpoint dest) const;
   std::string_view backend_for(Endpoint dest);
   std::size_t advance();
+  // Before the context sleeps (docs/DESIGN.md, "Event-driven progress"),
+  // since a sleeping context makes no idle advances: what waits for a lull
+  // goes now (acks, reception credit, doorbell batches), and a keepalive
+  // round if one is due. Returns how much went.
+  std::size_t prepare_sleep();
+  // Whether advance() has work of its own before the context may sleep:
+  // posted work, requests to settle, control packets to send, callbacks due.
+  bool has_pending_work();
+  // When advance() must run again even if nothing arrives (the next
+  // keepalive round, coarse clock ns); 0: never.
+  std::int64_t next_deadline_ns() const;
 
   // What the engine keeps for each endpoint of the job, talked to or not,
   // and what one it has talked to costs (before its queues grow). In a

@@ -47,6 +47,41 @@ std::size_t AmEngine::advance() {
   return work;
 }
 
+std::size_t AmEngine::prepare_sleep() {
+  std::size_t work = 0;
+  if (acks_.unacked() != 0) {
+    work += acks_.unacked();
+    acks_.flush_all([this](std::uint32_t p, const AckDispatcher::Range& r) { emit_ack(p, r); });
+  }
+  credit_owed_ = false;
+  std::size_t returned = 0;
+  for (std::size_t i = 0; i < polled_.size(); ++i) returned += polled_[i]->return_credit();
+  if (returned != 0) ++stats_.credit_returns;
+  work += returned;
+  const std::uint64_t probes = stats_.keepalives_sent;
+  maybe_keepalive();
+  work += stats_.keepalives_sent - probes;
+  if (!busy_.empty()) work += service_busy();
+  if (rung_) {
+    rung_ = false;
+    for (std::size_t i = 0; i < polled_.size(); ++i) polled_[i]->flush();
+  }
+  return work;
+}
+
+bool AmEngine::has_pending_work() {
+  if (!posted_.empty() || !accepted_.empty() || !ready_.empty() || !busy_.empty() || acks_.unacked() != 0)
+    return true;
+  for (device::Lane* lane : lanes_)
+    if (lane->fifo().completions_due()) return true;
+  return false;
+}
+
+std::int64_t AmEngine::next_deadline_ns() const {
+  if (shape_.options.keepalive_ms == 0 || reached_.empty()) return 0;
+  return next_keepalive_ns_;
+}
+
 std::size_t AmEngine::run_deferred() {
   std::size_t work = accepted_.size() + ready_.size() + posted_.size();
   if (!posted_.empty()) {

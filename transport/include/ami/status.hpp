@@ -26,6 +26,7 @@ enum class StatusCode : std::uint8_t {
   canceled,          // the operation was dropped before it completed
   timeout,
   not_supported,
+  busy,              // Context::arm(): work came in; advance() before sleeping
 };
 
 class [[nodiscard]] Status {

@@ -144,11 +144,44 @@ class Context {
   // Runs work (with ok) inside a later advance() of this context, in the
   // order posted: for what must happen on the advancing thread but not
   // inside the call that starts it, as done callbacks never run there.
+  // From another thread (under lock()), it wakes the context if it sleeps.
   Status post(Callback work);
 
   // Makes progress: device work, completions, queued instructions, arrivals.
   // Returns the number of events handled (0 when idle).
   std::size_t advance(std::size_t max_loops = 1);
+
+  // Sleeping until work arrives (docs/DESIGN.md, "Event-driven progress"),
+  // for an event loop that must not spin a core per context:
+  //
+  //   for (;;) {
+  //     while (ctx.advance(16) != 0) {}          // drain
+  //     if (ctx.arm().ok()) poll(ctx.event_fd()) // armed: sleep
+  //   }                                          // busy: drain again
+  //
+  // event_fd(): one descriptor (an epoll set; do not read it) that becomes
+  // readable, after arm() said ok, when the context has work: a packet or
+  // completion from any backend, a timer advance() keeps (keepalives), a
+  // peer's end, post() or signal(). Made on first use; -1 when it cannot
+  // be (arm() then says why), or after fork() or the client's end. A
+  // wake-up is a hint: advance and arm again.
+  int event_fd();
+  // The step between "drained" and "asleep", called by the advancing
+  // thread (under lock() where threads share the context). It first sends
+  // what the context holds back for an idle moment (batched acks,
+  // reception credit, doorbell batches), since a sleeping context makes no
+  // idle advances. Returns
+  //  - ok: armed; sleep on event_fd();
+  //  - busy: something arrived since the last advance() (or is still to
+  //    do): advance, then arm again;
+  //  - not_supported: a backend in use cannot wake a sleeper (the text
+  //    names it: an ofi context, or a shm peer that could not take this
+  //    context's eventfd): keep advancing;
+  //  - another error when the descriptors cannot be made.
+  Status arm();
+  // Wakes the context if it sleeps, or makes its next arm() say busy.
+  // Thread-safe, and safe from a signal handler.
+  void signal();
 
   void lock();
   bool try_lock();

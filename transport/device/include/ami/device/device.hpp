@@ -147,6 +147,30 @@ class Device {
     (void)why;
     return false;
   }
+
+  // Sleeping (docs/DESIGN.md, "Event-driven progress"). Neither has a
+  // default: a backend says how its device wakes a sleeping context, or
+  // that it cannot, or it does not compile.
+  //
+  // Descriptors, fixed for the device's life, that become readable when
+  // progress() has work after arm() said ok. The context watches them (one
+  // epoll set) beside its own. Empty for a device whose arrivals are
+  // another's to announce.
+  virtual std::span<const int> wake_fds() const = 0;
+  // The context is about to sleep: progress() found nothing and what is
+  // held back for a lull went out (return_credit(), flush()). The device
+  // reads its descriptors back to quiet, asks to be woken, and then looks
+  // once more, so that nothing that came in between is slept through.
+  //  - ok: armed; one of wake_fds() becomes readable when work comes;
+  //  - busy: work is here (or came meanwhile): progress() first;
+  //  - not_supported: this device cannot wake a sleeper; the text says why.
+  // Never blocks.
+  virtual Status arm() = 0;
+  // arm() when the context has just seen every descriptor of wake_fds()
+  // quiet (its set had nothing to report): a device may skip reading them
+  // back, since a read would find nothing. The same answers as arm();
+  // by default arm() itself.
+  virtual Status arm_quiet() { return arm(); }
 };
 
 }  // namespace ami::device

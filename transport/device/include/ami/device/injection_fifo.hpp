@@ -42,6 +42,8 @@ class InjectionFifo {
   std::uint32_t depth() const { return depth_; }
   std::uint64_t injected() const { return injected_; }
   std::uint32_t pending_callbacks() const { return callbacks_.pending(); }
+  // The counter passed a descriptor whose callback complete() has yet to run.
+  bool completions_due() const { return callbacks_.pending() > 0 && scanned_ < counter_.snapshot(); }
   TransferCounter& counter() { return counter_; }
   const TransferCounter& counter() const { return counter_; }
 

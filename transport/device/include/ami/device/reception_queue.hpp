@@ -12,6 +12,13 @@
 // One consumer: the thread advancing the receiving context. The shape is
 // copied out of the header when the ring is created or attached, so a peer
 // scribbling on the header later cannot steer writes outside the ring.
+//
+// Sleeping (docs/DESIGN.md, "Event-driven progress"): a consumer about to
+// sleep sets kArmed in the tail word, which it can only do while the ring
+// is empty (tail == consumed). The producer whose reservation takes that
+// word clears the bit by the same compare-and-swap and learns so from its
+// Reservation (wake): it must wake the consumer once it has committed or
+// discarded the cell. A producer that finds the bit clear pays nothing.
 #pragma once
 
 #include <algorithm>
@@ -28,7 +35,7 @@ inline constexpr std::size_t kCacheLine = 64;
 class ReceptionQueue {
  public:
   static constexpr std::uint32_t kMagic = 0x51524D41;  // "AMRQ"
-  static constexpr std::uint32_t kVersion = 1;
+  static constexpr std::uint32_t kVersion = 2;  // 2: kArmed in the tail word
 
   struct alignas(kCacheLine) Header {
     std::uint32_t magic;
@@ -36,7 +43,7 @@ class ReceptionQueue {
     std::uint32_t depth;       // cells, a power of two
     std::uint32_t cell_bytes;  // stride of one cell, a multiple of kCacheLine
     std::uint64_t cells_offset;
-    alignas(kCacheLine) std::atomic<std::uint64_t> tail;  // next cell to reserve
+    alignas(kCacheLine) std::atomic<std::uint64_t> tail;  // next cell to reserve, | kArmed
     alignas(kCacheLine) std::atomic<std::uint64_t> head;  // next cell to consume
   };
 
@@ -58,6 +65,8 @@ class ReceptionQueue {
     // data follows
   };
   static constexpr std::uint32_t kDiscarded = 0xFFFFFFFFu;
+  // In the tail word: the consumer sleeps until woken (see arm()).
+  static constexpr std::uint64_t kArmed = std::uint64_t{1} << 63;
   static constexpr std::size_t kCellHeader = sizeof(Cell);
   static_assert(kCellHeader == 24);
 
@@ -109,14 +118,16 @@ class ReceptionQueue {
   struct Reservation {
     Cell* cell = nullptr;
     std::uint64_t position = 0;
+    bool wake = false;  // this reservation took kArmed: wake the consumer after commit()
     std::byte* data() const { return reinterpret_cast<std::byte*>(cell) + kCellHeader; }
     explicit operator bool() const { return cell != nullptr; }
   };
 
   Reservation reserve() {
     std::atomic_ref<std::uint64_t> cached(cached_head_);
-    std::uint64_t pos = header_->tail.load(std::memory_order_relaxed);
+    std::uint64_t word = header_->tail.load(std::memory_order_relaxed);
     for (;;) {
+      const std::uint64_t pos = word & ~kArmed;
       // Acquire and release on the cached head too: a producer that uses a
       // head another producer read must be ordered after the consumer's
       // reads of the cells that head frees, as the reader was.
@@ -127,9 +138,9 @@ class ReceptionQueue {
         cached.store(head, std::memory_order_release);
         if (pos - head >= depth_) return {};  // full
       }
-      if (header_->tail.compare_exchange_weak(pos, pos + 1, std::memory_order_acquire,
+      if (header_->tail.compare_exchange_weak(word, pos + 1, std::memory_order_acquire,
                                               std::memory_order_relaxed))
-        return {cell(pos), pos};
+        return {cell(pos), pos, (word & kArmed) != 0};
     }
   }
 
@@ -195,14 +206,27 @@ class ReceptionQueue {
   // Cells reserved by producers and not yet released by the consumer: how
   // full the queue is, as the consumer sees it (a hint, not a promise).
   std::uint32_t occupancy() const {
-    const std::uint64_t tail = header_->tail.load(std::memory_order_relaxed);
+    const std::uint64_t tail = header_->tail.load(std::memory_order_relaxed) & ~kArmed;
     const std::uint64_t head = consumed_;
     return tail > head ? static_cast<std::uint32_t>(std::min<std::uint64_t>(tail - head, depth_)) : 0;
   }
   // Consumer side: cells reserved so far by all producers, and consumed so
   // far. Every cell a producer had reserved when tail() was read lies below
   // it: once consumed() reaches it, none of them is left.
-  std::uint64_t tail() const { return header_->tail.load(std::memory_order_acquire); }
+  std::uint64_t tail() const { return header_->tail.load(std::memory_order_acquire) & ~kArmed; }
+  // Consumer side, before it sleeps: true when the ring is empty (nothing
+  // reserved past what was consumed) and kArmed is now set, so the next
+  // producer wakes the consumer; false when a cell came, to consume first.
+  // The bit stays until a producer takes it: a consumer that went on
+  // polling costs that producer one needless wake-up, nothing more.
+  bool arm() {
+    std::uint64_t word = header_->tail.load(std::memory_order_acquire);
+    if (word == (consumed_ | kArmed)) return true;
+    if (word != consumed_) return false;
+    return header_->tail.compare_exchange_strong(word, consumed_ | kArmed, std::memory_order_acq_rel,
+                                                 std::memory_order_acquire) ||
+           word == (consumed_ | kArmed);
+  }
   std::uint64_t consumed() const { return consumed_; }
   // Done with the cell peek() returned. It goes back to the producers (the
   // head moves) once credit_batch() cells are done, or at publish().
