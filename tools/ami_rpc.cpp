@@ -11,22 +11,22 @@
 #include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
-#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "ami/ami.hpp"
 #include "ami/asio.hpp"
+#include "harness/harness.hpp"
 
 namespace {
 
 using namespace ami;
+using ami::tools::number;
 using Clock = std::chrono::steady_clock;
 
 constexpr std::uint16_t kRequest = 1, kReply = 2, kBye = 3, kByeAck = 4;
@@ -61,18 +61,6 @@ void usage() {
       "  -h, --help               this text\n\n"
       "Every AMI_* variable of ami_info --config applies too.\n",
       kMaxSize);
-}
-
-bool number(const char* text, std::size_t& out, std::size_t min, std::size_t max, const char* what) {
-  std::size_t v = 0;
-  const std::string_view s(text);
-  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc{} || end != s.data() + s.size() || v < min || v > max) {
-    std::fprintf(stderr, "error: %s must be a number in %zu..%zu, not '%s'\n", what, min, max, text);
-    return false;
-  }
-  out = v;
-  return true;
 }
 
 // 0: parsed; 1: help printed; 2: a bad command line (after saying why).

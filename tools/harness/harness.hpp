@@ -57,6 +57,10 @@ bool parse_options(int argc, char** argv, Test test, Options& out, bool& help);
 
 const char* tool_name(Test t);
 
+// Reads text as a whole number in [min, max] into out; false, after saying
+// on stderr that what must be one, when it is not.
+bool number(const char* text, std::size_t& out, std::size_t min, std::size_t max, const char* what);
+
 int run(int argc, char** argv, Test test);
 
 }  // namespace ami::tools

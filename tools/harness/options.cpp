@@ -82,6 +82,11 @@ void usage(Test t) {
       is_latency(t) ? "ib_*_lat" : "ib_*_bw", backend_list().c_str());
 }
 
+
+bool is_verbs_option(int c) { return c > 0 && c < 128 && std::strchr("dixRmQIl", c) != nullptr; }
+
+}  // namespace
+
 bool number(const char* text, std::size_t& out, std::size_t min, std::size_t max, const char* what) {
   std::size_t v = 0;
   const std::string_view s(text);
@@ -93,10 +98,6 @@ bool number(const char* text, std::size_t& out, std::size_t min, std::size_t max
   out = v;
   return true;
 }
-
-bool is_verbs_option(int c) { return c > 0 && c < 128 && std::strchr("dixRmQIl", c) != nullptr; }
-
-}  // namespace
 
 const char* tool_name(Test t) {
   switch (t) {

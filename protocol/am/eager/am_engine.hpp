@@ -390,6 +390,11 @@ class AmEngine final : public device::PacketSink {
   void fail_work(Peer& peer, Status why);
   void keepalive();
   void maybe_keepalive();  // every 64th advance() (it reads the clock)
+  // Reception credit back to every polled device (shm ring cells, verbs
+  // receives), in a lull or before sleeping; how much went.
+  std::size_t return_credit();
+  // What ring() held back for a batch goes out (call when rung_).
+  void flush_rung();
 
   // the rendezvous (am_rndv.cpp)
   void consider_stop(Peer& peer);

@@ -30,21 +30,28 @@ std::size_t AmEngine::advance() {
         emit_ack(p, r);
       }) &&
       credit_owed_) {
-    // A lull: reception credit goes back too (shm ring cells, verbs
-    // receives), once: only a device's progress() takes credit.
-    credit_owed_ = false;
-    std::size_t returned = 0;
-    for (std::size_t i = 0; i < polled_.size(); ++i) returned += polled_[i]->return_credit();
-    if (returned != 0) ++stats_.credit_returns;
+    // A lull: reception credit goes back too, once: only a device's
+    // progress() takes credit.
+    (void)return_credit();
   }
   if (acks_.unacked() != 0) ++work;  // answers still owed: not idle yet
   if ((++advances_ & 63) == 0) maybe_keepalive();
   if (!busy_.empty()) work += service_busy();
-  if (rung_) {  // what ring() held back for a batch
-    rung_ = false;
-    for (std::size_t i = 0; i < polled_.size(); ++i) polled_[i]->flush();
-  }
+  if (rung_) flush_rung();
   return work;
+}
+
+std::size_t AmEngine::return_credit() {
+  credit_owed_ = false;
+  std::size_t returned = 0;
+  for (std::size_t i = 0; i < polled_.size(); ++i) returned += polled_[i]->return_credit();
+  if (returned != 0) ++stats_.credit_returns;
+  return returned;
+}
+
+void AmEngine::flush_rung() {
+  rung_ = false;
+  for (std::size_t i = 0; i < polled_.size(); ++i) polled_[i]->flush();
 }
 
 std::size_t AmEngine::prepare_sleep() {
@@ -53,19 +60,12 @@ std::size_t AmEngine::prepare_sleep() {
     work += acks_.unacked();
     acks_.flush_all([this](std::uint32_t p, const AckDispatcher::Range& r) { emit_ack(p, r); });
   }
-  credit_owed_ = false;
-  std::size_t returned = 0;
-  for (std::size_t i = 0; i < polled_.size(); ++i) returned += polled_[i]->return_credit();
-  if (returned != 0) ++stats_.credit_returns;
-  work += returned;
+  work += return_credit();
   const std::uint64_t probes = stats_.keepalives_sent;
   maybe_keepalive();
   work += stats_.keepalives_sent - probes;
   if (!busy_.empty()) work += service_busy();
-  if (rung_) {
-    rung_ = false;
-    for (std::size_t i = 0; i < polled_.size(); ++i) polled_[i]->flush();
-  }
+  if (rung_) flush_rung();
   return work;
 }
 
