@@ -35,6 +35,12 @@ inline constexpr ParamSpec kParams[] = {
      "Milliseconds a lane may have operations outstanding without one completing before its oldest "
      "fails with a timeout and the lane breaks: for a provider that drops an operation without an "
      "error (shm in libfabric 1.17 does, for a PUT or GET with a key its target refuses)."},
+    {"AMI_OFI_WAIT", "off", ParamType::boolean, 0, 1,
+     "Open each context's completion queue with a descriptor to sleep on (FI_WAIT_FD), so that "
+     "Context::arm() can put the context to sleep: auto where the provider has one (tcp;ofi_rxm, "
+     "verbs;ofi_rxm; not shm), on to refuse a provider without one, off for none (arm() says "
+     "not_supported). Asked for up front, as UCX's UCP_FEATURE_WAKEUP is: on tcp;ofi_rxm the "
+     "descriptor costs busy-polling contexts about an eighth of their small-message latency.", true},
     {"AMI_OFI_CQ_SIZE", "16384", ParamType::unsigned_int, 64, 1u << 22,
      "Entries of each context's completion queue."},
 };

@@ -156,6 +156,27 @@ bool OfiDevice::abandon(Endpoint peer, Status why) {
   return true;
 }
 
+std::span<const int> OfiDevice::wake_fds() const {
+  if (ep_.wait_fd < 0) return {};
+  return {&ep_.wait_fd, 1};
+}
+
+Status OfiDevice::arm() {
+  if (ep_.wait_fd < 0)
+    return {StatusCode::not_supported,
+            "ofi: the provider gives its completion queue no wait descriptor (shm has none), or AMI_OFI_WAIT "
+            "is off: its contexts cannot sleep; advance them"};
+  // A descriptor the provider refused for now (-FI_EAGAIN: rxm connecting,
+  // a full queue), a buffer to post again or a failure to report: nothing
+  // would raise a CQ entry for them.
+  if (tending_ || broken_lanes_ != 0) return {StatusCode::busy, "ofi: work to post"};
+  const int rc = fabric_.trywait(context_);
+  if (rc == 0) return {};
+  if (rc == -FI_EAGAIN) return {StatusCode::busy, "ofi: the completion queue has entries"};
+  log("fi_trywait (context %u): %s", context_, fi_strerror(-rc));
+  return {StatusCode::device_error, "ofi: fi_trywait failed (logged)"};
+}
+
 OfiDevice::Inbound* OfiDevice::inbound(Endpoint origin) {
   if (origin.task >= fabric_.tasks() || origin.task == fabric_.task()) return nullptr;
   const std::uint16_t contexts = fabric_.peer_contexts(origin.task);

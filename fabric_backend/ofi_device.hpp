@@ -119,14 +119,12 @@ class OfiDevice final : public device::Device {
   device::Lane* lane(Endpoint peer) override;
   bool abandon(Endpoint peer, Status why) override;
   std::size_t progress(device::PacketSink& sink, std::size_t budget) override;
-  // Sleeping (docs/DESIGN.md, "Event-driven progress"): declined. The CQ is
-  // opened without a wait object (shm, the provider most runs use, has
-  // none), and counted operations never raise one: arm() says so.
-  std::span<const int> wake_fds() const override { return {}; }
-  Status arm() override {
-    return {StatusCode::not_supported, "ofi: this backend's contexts cannot sleep (no wait object on its "
-                                       "completion queue): advance them"};
-  }
+  // Sleeping (docs/DESIGN.md, "Event-driven progress"): on the CQ's wait
+  // descriptor, where the provider gives one (not shm: arm() then says
+  // not_supported). Every operation that does not complete at its call
+  // asks for a CQ entry, so the CQ's descriptor is all that wakes a sleeper.
+  std::span<const int> wake_fds() const override;
+  Status arm() override;
   // How far behind the context is: the packets this progress() has taken
   // so far, against kBacklogFull (the provider holds what ami has not
   // read yet, so the backlog is the pressure ami can see), or the

@@ -41,6 +41,7 @@ OfiOptions OfiOptions::from(const Config& c) {
   o.staging = static_cast<std::uint32_t>(c.number(Param("AMI_OFI_STAGING")));
   o.cq_size = static_cast<std::uint32_t>(c.number(Param("AMI_OFI_CQ_SIZE")));
   o.timeout_ms = static_cast<std::uint32_t>(c.number(Param("AMI_OFI_TIMEOUT")));
+  if (auto wait = c.number_or_auto(Param("AMI_OFI_WAIT"))) o.wait = *wait != 0;
   return o;
 }
 
@@ -302,9 +303,28 @@ void OfiFabric::open_endpoint(std::uint16_t context) {
   fi_cq_attr cq_attr{};
   cq_attr.size = options_.cq_size;
   cq_attr.format = FI_CQ_FORMAT_DATA;
-  cq_attr.wait_obj = FI_WAIT_NONE;
   fid_cq* cq = nullptr;
-  require(fi_cq_open(domain_.get(), &cq_attr, &cq, nullptr), "fi_cq_open");
+  // A CQ to sleep on (docs/DESIGN.md, "Event-driven progress"): with a
+  // wait descriptor where the provider gives one. shm refuses FI_WAIT_FD
+  // (ENOSYS); then the CQ opens without, and arm() declines.
+  int rc = -FI_ENOSYS;
+  if (options_.wait.value_or(true)) {
+    cq_attr.wait_obj = FI_WAIT_FD;
+    cq_attr.wait_cond = FI_CQ_COND_NONE;
+    rc = fi_cq_open(domain_.get(), &cq_attr, &cq, nullptr);
+    if (rc == 0 && fi_control(&cq->fid, FI_GETWAIT, &e->wait_fd) != 0) {
+      e->wait_fd = -1;
+      fi_close(&cq->fid);
+      cq = nullptr;
+      rc = -FI_ENOSYS;
+    }
+    if (rc != 0 && options_.wait.value_or(false))
+      require(rc, "fi_cq_open(FI_WAIT_FD, as AMI_OFI_WAIT=on asks)");
+  }
+  if (rc != 0) {
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    require(fi_cq_open(domain_.get(), &cq_attr, &cq, nullptr), "fi_cq_open");
+  }
   e->cq.reset(cq);
   fi_cntr_attr cntr_attr{};
   cntr_attr.events = FI_CNTR_EVENTS_COMP;
@@ -331,7 +351,7 @@ void OfiFabric::open_endpoint(std::uint16_t context) {
           "fi_setopt(FI_OPT_MIN_MULTI_RECV)");
   std::size_t len = 64;
   e->name.resize(len);
-  int rc = fi_getname(&ep->fid, e->name.data(), &len);
+  rc = fi_getname(&ep->fid, e->name.data(), &len);
   if (rc == -FI_ETOOSMALL) {
     e->name.resize(len);
     rc = fi_getname(&ep->fid, e->name.data(), &len);
@@ -434,6 +454,11 @@ Status OfiFabric::register_region(std::uint32_t region, void* address, std::size
 
 void OfiFabric::deregister_region(std::uint32_t region) { regions_.erase(region); }
 
+int OfiFabric::trywait(std::uint16_t context) {
+  fid* cq = &endpoints_[context]->cq->fid;
+  return fi_trywait(fabric_.get(), &cq, 1);
+}
+
 std::string OfiFabric::describe() const {
   const int mr_mode = facts_.mr_mode;
   const std::string mr_text = fi_tostr(&mr_mode, FI_TYPE_MR_MODE);  // (fi_tostr's buffer is reused)
@@ -446,7 +471,9 @@ std::string OfiFabric::describe() const {
                     " B, mr_mode [" + mr_text + "]" +
                     (facts_.mr_local ? ", sends from registered memory" : "") + ", order [" +
                     order + "] (" + (facts_.ordered ? "fence by message" : "fence by flush") +
-                    (facts_.receives_in_order ? ", receives in order" : ", receives reordered by sequence") + ")";
+                    (facts_.receives_in_order ? ", receives in order" : ", receives reordered by sequence") + ")" +
+                    (!endpoints_.empty() && endpoints_[0]->wait_fd >= 0 ? ", contexts sleep on the CQ's wait fd"
+                                                                         : ", contexts cannot sleep (no CQ wait fd)");
   return out;
 }
 

@@ -70,6 +70,7 @@ struct OfiOptions {
   std::uint32_t staging = 256;
   std::uint32_t cq_size = 16384;
   std::uint32_t timeout_ms = 30000;
+  std::optional<bool> wait;  // a CQ to sleep on; nullopt: where the provider has one
 
   static OfiOptions from(const Config& config);
 };
@@ -101,6 +102,10 @@ struct ContextEndpoint {
   FiOwner<fid_cq> cq;
   FiOwner<fid_cntr> cntr;
   FiOwner<fid_ep> ep;
+  // The CQ's wait descriptor (FI_WAIT_FD, fi_control FI_GETWAIT), readable
+  // when the CQ may have work; -1 when it has none (the provider offers no
+  // wait object, or AMI_OFI_WAIT is off). Owned by the CQ.
+  int wait_fd = -1;
   std::vector<std::byte> name;  // fi_getname
   // By peer task: the fi_addr of each of its contexts, empty while the task
   // is not connected.
@@ -159,6 +164,9 @@ class OfiFabric {
   Status register_own(void* address, std::size_t length, FiOwner<fid_mr>& out);
 
   ContextEndpoint& endpoint(std::uint16_t context) { return *endpoints_[context]; }
+  // fi_trywait on the context's CQ: 0 when it may sleep on its wait_fd,
+  // -FI_EAGAIN when the CQ must be read first, another -FI_ error.
+  int trywait(std::uint16_t context);
   // The device of the context is gone: its endpoint closes now, before the
   // lanes whose operation contexts the provider held.
   void close_endpoint(std::uint16_t context);

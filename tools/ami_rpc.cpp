@@ -166,6 +166,8 @@ void run_io(boost::asio::io_context& io, unsigned n) {
 Config rpc_config(const Options& o) {
   Config c = Config::from_environment();
   check(c.set("AMI_BACKENDS", "self," + o.backend), "AMI_BACKENDS");
+  // Its contexts sleep: libfabric's CQ needs its wait descriptor asked for up front.
+  if (c.origin(ParamName::lookup("AMI_OFI_WAIT")) == "default") check(c.set("AMI_OFI_WAIT", "auto"), "AMI_OFI_WAIT");
   return c;
 }
 

@@ -234,6 +234,16 @@ Config shm_only() {
   return c;
 }
 
+// Between processes over libfabric, asking for a CQ to sleep on: tcp;ofi_rxm
+// sleeps on its wait descriptor (libfabric's shm provider has none).
+Config ofi(const char* provider) {
+  Config c;
+  REQUIRE(c.set("AMI_BACKENDS", "self,ofi").ok());
+  REQUIRE(c.set("AMI_OFI_PROVIDER", provider).ok());
+  REQUIRE(c.set("AMI_OFI_WAIT", "auto").ok());
+  return c;
+}
+
 // A side of a ping-pong across processes, sleeping before every message it
 // waits for; returns 0, or the round whose wake-up never came + 1000.
 int ping_pong(Client& client, int rounds) {
@@ -273,8 +283,41 @@ TEST_CASE("shm: thousands of rounds between two processes that sleep before ever
   CHECK(codes == std::vector<int>{0, 0});
 }
 
-TEST_CASE("shm: a peer's death wakes a sleeping context, which reports it") {
-  auto pids = test::spawn(2, shm_only(), {[](Client& client) {
+TEST_CASE("ofi tcp;ofi_rxm: thousands of rounds between two processes that sleep before every message") {
+  auto pids = test::spawn(2, ofi("tcp;ofi_rxm"), {[](Client& c) { return ping_pong(c, 2000); },
+                                                  [](Client& c) { return ping_pong(c, 2000); }});
+  const auto codes = test::wait_all(pids, std::chrono::seconds(120));
+  CHECK(codes == std::vector<int>{0, 0});
+}
+
+TEST_CASE("ofi shm: arm() says the provider cannot sleep, by name") {
+  auto pids = test::spawn(2, ofi("shm"), {[](Client& client) {
+    Context& c = client.context(0);
+    static Count got;
+    if (!c.set_dispatch(1, {&Count::on_message, &got}).ok()) return 3;
+    while (got.n.load() == 0) c.advance();  // the peer's lane exists
+    const Status s = settle(c);
+    if (s.code() != StatusCode::not_supported) return 4;
+    if (std::string_view(s.what()).find("wait descriptor") == std::string_view::npos) return 5;
+    for (int i = 0; i < 100; ++i) c.advance();
+    return 0;
+  }, [](Client& client) {
+    Context& c = client.context(0);
+    while (!c.send({.dest = {0, 0}, .dispatch = 1, .payload = payload()}).ok()) c.advance();
+    for (int i = 0; i < 100; ++i) {
+      c.advance();
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return 0;
+  }});
+  const auto codes = test::wait_all(pids, std::chrono::seconds(60));
+  CHECK(codes == std::vector<int>{0, 0});
+}
+
+// A peer's death is found by shm's watch of the mapped processes' pidfds,
+// and between tcp;ofi_rxm peers by the bootstrap's connection watch.
+static void peer_death_wakes(const Config& config) {
+  auto pids = test::spawn(2, config, {[](Client& client) {
     Context& c = client.context(0);
     static Count got;
     static std::atomic<int> failed{0};
@@ -303,13 +346,18 @@ TEST_CASE("shm: a peer's death wakes a sleeping context, which reports it") {
   CHECK(codes == std::vector<int>{0, 0});
 }
 
+TEST_CASE("shm: a peer's death wakes a sleeping context, which reports it") { peer_death_wakes(shm_only()); }
+
+TEST_CASE("ofi tcp;ofi_rxm: a peer's death wakes a sleeping context, which reports it") {
+  peer_death_wakes(ofi("tcp;ofi_rxm"));
+}
+
 // The sender asks for a remote_done on every message, which needs an ack,
 // and sends more than the receiver's ring holds, which needs its credit:
 // both only ever go out in a lull, and a receiver that only sleeps and
 // wakes makes none but those arm() makes.
-TEST_CASE("shm: acks and credit flow when the receiver only sleeps and wakes") {
+static void acks_flow_to_sleeper(Config config) {
   constexpr int kMessages = 4000;
-  Config config = shm_only();
   REQUIRE(config.set("AMI_ACK_IDLE_THRESHOLD", "1000").ok());
   auto pids = test::spawn(2, config, {[](Client& client) {
     Context& c = client.context(0);
@@ -345,4 +393,10 @@ TEST_CASE("shm: acks and credit flow when the receiver only sleeps and wakes") {
   }});
   const auto codes = test::wait_all(pids, std::chrono::seconds(120));
   CHECK(codes == std::vector<int>{0, 0});
+}
+
+TEST_CASE("shm: acks and credit flow when the receiver only sleeps and wakes") { acks_flow_to_sleeper(shm_only()); }
+
+TEST_CASE("ofi tcp;ofi_rxm: acks and credit flow when the receiver only sleeps and wakes") {
+  acks_flow_to_sleeper(ofi("tcp;ofi_rxm"));
 }

@@ -1,6 +1,7 @@
 #!/bin/bash
 # ami_rpc (tools/ami_rpc.cpp): an Asio-driven echo server and its clients
-# as separate processes over shm. Every request is echoed byte for byte,
+# as separate processes over shm (and once over libfabric's
+# tcp;ofi_rxm, asleep on its CQ's wait descriptor). Every request is echoed byte for byte,
 # with io_context on 1 and on 4 threads, one client and two, small
 # requests and ones of several packets; a client that pauses half-way
 # leaves both sides asleep, so the server uses a small part of a core over
@@ -72,6 +73,7 @@ session "1 thread, pause of 1.5 s" 30 -n 400 --idle-ms 1500
 session "4 threads, window 8" - -T 4 -w 8 -n 3000
 session "2 clients, 4 threads each" - -c 2 -T 4 -w 4 -n 1000
 session "requests of several packets" - -s 100000 -w 2 -n 100 -T 2
+AMI_OFI_PROVIDER='tcp;ofi_rxm' session "over libfabric tcp;ofi_rxm, pause of 1.5 s" 30 --backend ofi -n 400 --idle-ms 1500
 
 refuse -n 0
 refuse -T 65

@@ -663,6 +663,8 @@ Config tool_config(const Options& o) {
   if (o.cq_moderation) set("AMI_VERBS_SIGNAL_INTERVAL", std::to_string(*o.cq_moderation));
   if (o.inline_size) set("AMI_VERBS_MAX_INLINE", std::to_string(*o.inline_size));
   if (o.post_list) set("AMI_VERBS_DOORBELL_BATCH", std::to_string(*o.post_list));
+  // -e sleeps: libfabric's CQ needs its wait descriptor asked for up front.
+  if (o.events && c.origin(ParamName::lookup("AMI_OFI_WAIT")) == "default") set("AMI_OFI_WAIT", "auto");
   return c;
 }
 

@@ -22,7 +22,8 @@
 // at the descriptor once the wait is queued, which then cancels the wait
 // and drains again.
 //
-// A context that cannot sleep (arm() says not_supported: an ofi context, or
+// A context that cannot sleep (arm() says not_supported: over libfabric
+// without AMI_OFI_WAIT or on its shm provider, or
 // a shm peer that could not take its eventfd) is advanced by a handler that
 // posts itself again: it spins an io_context thread, as advance() would.
 //
