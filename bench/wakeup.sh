@@ -12,13 +12,20 @@
 # in usec. Each side is pinned to its own core (ami: --local does it; UCX:
 # -c 0 and -c 1).
 #
-# A third ami row, -e --spin SPIN_US, busy-polls that long after the last
-# event before it sleeps: UCX's -E sleep ping-pong mostly finds the reply
-# already there when it arms (ucp_worker_arm says busy), so it seldom
-# sleeps; ami's arm() is a system call or two, and with no spin at all
-# it sleeps before nearly every message.
+# How often each really sleeps decides these figures, so each row also
+# gives its sleeps per round trip: the voluntary context switches of both
+# sides (getrusage of the processes run) over the iterations. UCX's -E
+# sleep sleeps only when a ucp_worker_progress() made no progress at all,
+# and while its peer is busy it nearly always finds some (or
+# ucp_worker_arm says busy): its ping-pong sleeps in far fewer than one
+# round trip in ten here. ami's own way to wait, ami::wait_until,
+# busy-polls 50 us after the last event before it sleeps; ami -e --spin
+# SPIN_US (default those 50 us) is that, the row to compare (the
+# sleep-mode target's). ami -e --spin 0 sleeps whenever one advance()
+# finds nothing, before nearly every message: what a wake-up itself costs.
 #
-# Targets: sleep latency ami/UCX <= 1.00; idle CPU < 1% of a core per side;
+# Targets: sleep latency ami -e --spin SPIN_US / UCX -E sleep <= 1.00, at
+# no more sleeps per round trip; idle CPU < 1% of a core per side;
 # busy-poll latency within 3% of the baseline's (BASELINE=<build-dir>, an
 # earlier tree built the same way, runs in the same rounds).
 #
@@ -31,7 +38,7 @@
 # ucx_perftest comes from Debian's ucx-utils, installed when missing.
 #
 # usage: bench/wakeup.sh [--rxe] [build-dir]
-#        ROUNDS=5 ITERS=20000 IDLE_S=10 SPIN_US=5 OUT_DIR=<build-dir>/bench-results
+#        ROUNDS=5 ITERS=20000 IDLE_S=10 SPIN_US=50 OUT_DIR=<build-dir>/bench-results
 #        BASELINE=<build-dir>
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,7 +52,7 @@ OUT_DIR=${OUT_DIR:-$BUILD/bench-results}
 ROUNDS=${ROUNDS:-5}
 ITERS=${ITERS:-20000}
 IDLE_S=${IDLE_S:-10}
-SPIN_US=${SPIN_US:-5}
+SPIN_US=${SPIN_US:-50}
 BASELINE=${BASELINE:-}
 SIZE=8
 PORT=${PORT:-19300}
@@ -60,11 +67,42 @@ med() { printf '%s' "${samples[$1]:-}" | median; }
 # last SERIES: the figure the current round added (for the .dat rows)
 last() { printf '%s' "${samples[$1]:-}" | tail -1; }
 
-# ami_lat BUILD ARGS... -> t_typical of ami_send_lat's row for SIZE
+# "${counted[@]}" FILE CMD...: runs CMD; writes to FILE the voluntary
+# context switches of the processes it ran and waited for (their sleeps)
+counted=(python3 -c 'import resource, subprocess, sys
+r = subprocess.run(sys.argv[2:])
+open(sys.argv[1], "w").write("%d\n" % resource.getrusage(resource.RUSAGE_CHILDREN).ru_nvcsw)
+sys.exit(r.returncode)')
+CS=$(mktemp -d)
+trap 'rm -rf "$CS"' EXIT
+# sleeps SERIES SETUP FILES...: adds to SERIES the switches in FILES per
+# round trip, less SETUP (what starting and wiring up the pair takes)
+sleeps() {
+  local series=$1 setup=$2
+  shift 2
+  add "$series" "$(cat "$@" 2>/dev/null | awk -v n="$ITERS" -v s="$setup" '{t += $1} END {if (NR) {v = (t - s) / n; printf "%.3f", (v > 0 ? v : 0)}}')"
+}
+# setup_sleeps ami|ucx -> the switches of a run of 10 iterations
+setup_sleeps() {
+  local iters=$ITERS
+  ITERS=10
+  if [[ $1 == ami ]]; then
+    ami_lat "$BUILD" -e --spin 0 >/dev/null
+    cat "$CS/ami"
+  else
+    ucx_lat sleep >/dev/null
+    cat "$CS"/ucx.* | awk '{t += $1} END {print t}'
+  fi
+  ITERS=$iters
+}
+
+# ami_lat BUILD ARGS... -> t_typical of ami_send_lat's row for SIZE; both
+# sides' sleeps in $CS/ami
 ami_lat() {
   local build=$1 out
   shift
-  out=$(timeout "$RUN_TIMEOUT" "$build/tools/ami_send_lat" --local -s "$SIZE" -n "$ITERS" -p "$PORT" "$@" 2>&1) ||
+  out=$(timeout "$RUN_TIMEOUT" "${counted[@]}" "$CS/ami" "$build/tools/ami_send_lat" --local -s "$SIZE" -n "$ITERS" \
+        -p "$PORT" "$@" 2>&1) ||
     echo "ami_send_lat $* failed: $(tail -3 <<<"$out")" >&2
   PORT=$((PORT + 1))
   awk -v s="$SIZE" '$1 == s && NF >= 5 {print $5}' <<<"$out"
@@ -81,15 +119,16 @@ ensure_ucx() {
     { $sudo apt-get update -qq && $sudo apt-get install -y -qq --no-install-recommends ucx-utils >/dev/null; }
 }
 
-# ucx_lat MODE -> UCX's 50th percentile, one way, over shared memory
+# ucx_lat MODE -> UCX's 50th percentile, one way, over shared memory; both
+# sides' sleeps in $CS/ucx.*
 ucx_lat() {
   local mode=$1 out spid
-  UCX_TLS=sm timeout "$RUN_TIMEOUT" ucx_perftest -t ucp_am_lat -E "$mode" -s "$SIZE" -n "$ITERS" -w 1000 \
-    -p "$PORT" -c 0 -f >/dev/null 2>&1 &
+  UCX_TLS=sm timeout "$RUN_TIMEOUT" "${counted[@]}" "$CS/ucx.server" ucx_perftest -t ucp_am_lat -E "$mode" -s "$SIZE" \
+    -n "$ITERS" -w 1000 -p "$PORT" -c 0 -f >/dev/null 2>&1 &
   spid=$!
   sleep 0.5
-  out=$(UCX_TLS=sm timeout "$RUN_TIMEOUT" ucx_perftest -t ucp_am_lat -E "$mode" -s "$SIZE" -n "$ITERS" -w 1000 \
-        -p "$PORT" -c 1 -f localhost 2>&1) || echo "ucx_perftest -E $mode failed: $(tail -3 <<<"$out")" >&2
+  out=$(UCX_TLS=sm timeout "$RUN_TIMEOUT" "${counted[@]}" "$CS/ucx.client" ucx_perftest -t ucp_am_lat -E "$mode" -s "$SIZE" \
+        -n "$ITERS" -w 1000 -p "$PORT" -c 1 -f localhost 2>&1) || echo "ucx_perftest -E $mode failed: $(tail -3 <<<"$out")" >&2
   wait "$spid" || true
   PORT=$((PORT + 1))
   # (-f: one row, iterations then the 50th percentile)
@@ -130,35 +169,46 @@ host_main() {
   fi
   ensure_ucx
   mkdir -p "$OUT_DIR"
-  local txt=$OUT_DIR/wakeup.txt dat=$OUT_DIR/wakeup.dat r
+  local txt=$OUT_DIR/wakeup.txt dat=$OUT_DIR/wakeup.dat r ami_setup ucx_setup
   {
     echo "# 8 B ping-pong on this host, both sides pinned; $ROUNDS interleaved rounds of $ITERS iterations;"
     echo "# one-way latency [usec]: medians of ami's t_typical and UCX's 50th percentile (UCX_TLS=sm)"
-    printf '%s\n' "round ami_sleep ucx_sleep ami_busy ucx_poll ami_spin${BASELINE:+ base_busy}" >"$dat"
+    printf '%s\n' "round ami_spin ucx_sleep ami_sleep ami_busy ucx_poll${BASELINE:+ base_busy} ami_spin_sleeps ucx_sleeps ami_sleep_sleeps" >"$dat"
     for ((r = 1; r <= ROUNDS; r++)); do
-      add ami_sleep "$(ami_lat "$BUILD" -e)"
+      ami_setup=$(setup_sleeps ami) ucx_setup=$(setup_sleeps ucx)
+      add ami_spin "$(ami_lat "$BUILD" -e --spin "$SPIN_US")"
+      sleeps ami_spin_cs "$ami_setup" "$CS/ami"
       add ucx_sleep "$(ucx_lat sleep)"
+      sleeps ucx_sleep_cs "$ucx_setup" "$CS"/ucx.*
+      add ami_sleep "$(ami_lat "$BUILD" -e --spin 0)"
+      sleeps ami_sleep_cs "$ami_setup" "$CS/ami"
       add ami_busy "$(ami_lat "$BUILD")"
       add ucx_poll "$(ucx_lat poll)"
-      add ami_spin "$(ami_lat "$BUILD" -e --spin "$SPIN_US")"
       [[ -z $BASELINE ]] || add base_busy "$(ami_lat "$BASELINE")"
-      echo "# round $r: ami -e $(last ami_sleep), ucx -E sleep $(last ucx_sleep), ami busy $(last ami_busy)," \
-        "ucx -E poll $(last ucx_poll), ami -e --spin $SPIN_US $(last ami_spin)${BASELINE:+, baseline busy $(last base_busy)}"
-      printf '%s\n' "$r $(last ami_sleep) $(last ucx_sleep) $(last ami_busy) $(last ucx_poll) $(last ami_spin)${BASELINE:+ $(last base_busy)}" >>"$dat"
+      echo "# round $r: ami -e --spin $SPIN_US $(last ami_spin) ($(last ami_spin_cs) sleeps/rt)," \
+        "ucx -E sleep $(last ucx_sleep) ($(last ucx_sleep_cs)), ami -e --spin 0 $(last ami_sleep) ($(last ami_sleep_cs))," \
+        "ami busy $(last ami_busy), ucx -E poll $(last ucx_poll)${BASELINE:+, baseline busy $(last base_busy)}"
+      printf '%s\n' "$r $(last ami_spin) $(last ucx_sleep) $(last ami_sleep) $(last ami_busy) $(last ucx_poll)${BASELINE:+ $(last base_busy)} $(last ami_spin_cs) $(last ucx_sleep_cs) $(last ami_sleep_cs)" >>"$dat"
     done
     local as us ab up bb sp cpu
     as=$(med ami_sleep) us=$(med ucx_sleep) ab=$(med ami_busy) up=$(med ucx_poll) bb=$(med base_busy) sp=$(med ami_spin)
     echo "# idle: a connected ami_rpc pair (Asio, asleep), CPU over $IDLE_S s from /proc/PID/stat"
     cpu=$(idle_cpu)
-    printf '%-34s %10s %10s %9s   %s\n' measure ami other ami/other target
-    printf '%-34s %10s %10s %9s   %s\n' "8 B latency, sleeping [usec]" "$as" "$us" "$(ratio "$as" "$us")" "<=1.00 (ucx -E sleep)"
-    printf '%-34s %10s %10s %9s   %s\n' "8 B latency, -e --spin $SPIN_US [usec]" "$sp" "$us" "$(ratio "$sp" "$us")" "<=1.00 (ucx -E sleep)"
-    printf '%-34s %10s %10s %9s   %s\n' "8 B latency, busy-poll [usec]" "$ab" "$up" "$(ratio "$ab" "$up")" "(ucx -E poll, reference)"
+    echo "# sleeps/rt: voluntary context switches of both sides per round trip, less those of a run of 10 (medians)"
+    printf '%-38s %10s %10s %9s   %s\n' measure ami other ami/other target
+    printf '%-38s %10s %10s %9s   %s\n' "8 B latency, sleep mode [usec]" "$sp" "$us" "$(ratio "$sp" "$us")" \
+      "<=1.00 (ami -e --spin $SPIN_US / ucx -E sleep)"
+    printf '%-38s %10s %10s %9s   %s\n' "  sleeps per round trip" "$(med ami_spin_cs)" "$(med ucx_sleep_cs)" \
+      "$(awk -v a="$(med ami_spin_cs)" -v b="$(med ucx_sleep_cs)" 'BEGIN { print (a + 0 <= b + 0 ? "fewer" : "more") }')" \
+      "ami no more often than UCX"
+    printf '%-38s %10s %10s %9s   %s\n' "8 B latency, -e --spin 0 [usec]" "$as" "$us" "$(ratio "$as" "$us")" \
+      "(a sleep at every gap: $(med ami_sleep_cs) sleeps/rt)"
+    printf '%-38s %10s %10s %9s   %s\n' "8 B latency, busy-poll [usec]" "$ab" "$up" "$(ratio "$ab" "$up")" "(ucx -E poll, reference)"
     [[ -z $BASELINE ]] ||
-      printf '%-34s %10s %10s %9s   %s\n' "8 B busy-poll vs baseline [usec]" "$ab" "$bb" "$(ratio "$ab" "$bb")" "0.97..1.03"
+      printf '%-38s %10s %10s %9s   %s\n' "8 B busy-poll vs baseline [usec]" "$ab" "$bb" "$(ratio "$ab" "$bb")" "0.97..1.03"
     read -r cs cc <<<"$cpu"
-    printf '%-34s %10s %10s %9s   %s\n' "idle CPU, server [% of a core]" "$cs" "-" "-" "<1"
-    printf '%-34s %10s %10s %9s   %s\n' "idle CPU, client [% of a core]" "$cc" "-" "-" "<1"
+    printf '%-38s %10s %10s %9s   %s\n' "idle CPU, server [% of a core]" "$cs" "-" "-" "<1"
+    printf '%-38s %10s %10s %9s   %s\n' "idle CPU, client [% of a core]" "$cc" "-" "-" "<1"
   } | tee "$txt"
 }
 
