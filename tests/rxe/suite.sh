@@ -65,6 +65,7 @@ tool_step() {
 step smoke "$here/smoke.sh" || { echo "rxe0 is not usable: the verbs tests cannot run"; exit 1; }
 step test_verbs "$build/tests/backends/test_verbs"
 step backends_verbs "$build/tests/backends/test_backends_verbs"
+step atomics_verbs "$build/tests/backends/test_atomics_verbs"
 step wireup_verbs "$build/tests/backends/test_wireup_verbs"
 step peer_failure_verbs "$build/tests/protocol/test_peer_failure_verbs"
 step collectives_verbs "$build/tests/collectives/test_collectives_verbs"
