@@ -118,8 +118,10 @@ void AmEngine::on_atomic(Peer& peer, const wire::PacketView& v) {
     else if (address % width != 0)
       reply.refusal = wire::AtomicRefusal::misaligned;
   }
-  if (reply.refusal == wire::AtomicRefusal::none) reply.old = device::cpu_atomic(op, type, word, args.operand, args.compare);
-  ++stats_.atomics_executed;
+  if (reply.refusal == wire::AtomicRefusal::none) {
+    reply.old = device::cpu_atomic(op, type, word, args.operand, args.compare);
+    ++stats_.atomics_executed;
+  }
   push_control(peer, reply);
 }
 
