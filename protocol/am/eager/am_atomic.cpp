@@ -23,6 +23,10 @@
 
 namespace ami::protocol {
 
+namespace {
+constexpr std::size_t kOutOfSequence = 7;  // ContextStats::malformed_by_reason (am_receive.cpp)
+}  // namespace
+
 Status AmEngine::atomic(const AtomicParams& p) {
   Peer* peer = peer_for(p.dest);
   if (peer == nullptr) return {StatusCode::invalid_argument, "atomic: endpoint is out of range"};
@@ -111,6 +115,8 @@ void AmEngine::on_atomic(Peer& peer, const wire::PacketView& v) {
     const RemoteKey key{.job = regions_->job(), .task = regions_->task(), .region = args.region,
                         .generation = args.generation};
     const Status s = regions_->check(key, address, width, word);
+    // (The table says which in its words: a key that names no live region,
+    // or a word outside the one it names.)
     if (!s.ok())
       reply.refusal = std::strstr(s.what(), "stale") != nullptr || std::strstr(s.what(), "names no region") != nullptr
                           ? wire::AtomicRefusal::stale_key
@@ -129,7 +135,7 @@ void AmEngine::on_atomic(Peer& peer, const wire::PacketView& v) {
 void AmEngine::on_atomic_reply(Peer& peer, const wire::PacketView& v) {
   Request* r = pool_.find(v.header.message_id);
   if (r == nullptr || r->kind != Request::Kind::atomic || !r->awaiting_ack || r->peer != index_of(peer)) {
-    count_malformed(7);  // (kOutOfSequence: answers nothing waiting)
+    count_malformed(kOutOfSequence);  // answers nothing waiting: a duplicate or a forgery
     return;
   }
   forget_answer(*r);
