@@ -124,6 +124,12 @@ void AmEngine::on_atomic(Peer& peer, const wire::PacketView& v) {
     else if (address % width != 0)
       reply.refusal = wire::AtomicRefusal::misaligned;
   }
+  if (peer.state->controls.size() >= 4 * std::size_t{shape_.options.max_requests}) {
+    // More answers owed than the origin can have requests: not an honest
+    // peer (as emit_ack() judges); nothing is done for it.
+    count_malformed(kOutOfSequence);
+    return;
+  }
   if (reply.refusal == wire::AtomicRefusal::none) {
     reply.old = device::cpu_atomic(op, type, word, args.operand, args.compare);
     ++stats_.atomics_executed;
