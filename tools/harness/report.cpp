@@ -129,6 +129,7 @@ void print_stats(const ContextStats& s) {
   std::printf("# stats: acks sent %llu received %llu, fences by message %llu by flush %llu, malformed packets %llu\n",
               u(s.acks_sent), u(s.acks_received), u(s.fences_by_message), u(s.fences_by_flush),
               u(s.malformed_packets));
+  std::printf("# stats: atomics posted %llu, done here for peers %llu\n", u(s.atomics), u(s.atomics_executed));
   std::fflush(stdout);
 }
 
