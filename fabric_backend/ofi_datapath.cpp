@@ -63,7 +63,13 @@ OfiDevice::Step OfiDevice::post_one(OfiLane& lane, std::uint64_t n) {
   return device::visit(lane.fifo().at(n), device::cases(
       /*packet*/ [&](const device::PacketDescriptor& p) { return send_packet(lane, n, p); },
       /*put*/ [&](const device::RdmaDescriptor& x) { return rdma(lane, n, x, true); },
-      /*get*/ [&](const device::RdmaDescriptor& x) { return rdma(lane, n, x, false); }));
+      /*get*/ [&](const device::RdmaDescriptor& x) { return rdma(lane, n, x, false); },
+      // Never built for this lane (offloads_atomic() is false): atomics to
+      // an ofi peer go as messages its engine executes.
+      /*atomic*/ [&](const device::AtomicDescriptor&) {
+        refuse(lane, n, {StatusCode::not_supported, "ofi: atomics are not offloaded on this lane"});
+        return Step::posted;
+      }));
 }
 
 OfiDevice::Step OfiDevice::send_packet(OfiLane& lane, std::uint64_t n, const device::PacketDescriptor& p) {

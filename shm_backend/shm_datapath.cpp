@@ -86,7 +86,12 @@ ShmDevice::Step ShmDevice::execute(ShmLane& lane, std::uint64_t n) {
   return device::visit(lane.fifo().at(n), device::cases(
       /*packet*/ [&](const device::PacketDescriptor& p) { return send_packet(lane, p); },
       /*put*/ [&](const device::RdmaDescriptor&) { return rdma(lane, n, true); },
-      /*get*/ [&](const device::RdmaDescriptor&) { return rdma(lane, n, false); }));
+      /*get*/ [&](const device::RdmaDescriptor&) { return rdma(lane, n, false); },
+      // Built only for a region this process maps (offloads_atomic()).
+      /*atomic*/ [&](const device::AtomicDescriptor& a) {
+        atomic_mapped(lane, n, a);
+        return Step::done;
+      }));
 }
 
 // PUT and GET go the same way: into a mapped region, by CMA, or through

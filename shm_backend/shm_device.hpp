@@ -50,6 +50,12 @@ class ShmLane final : public device::Lane {
   // saves a round through advance() on the latency path; PUT and GET wait
   // for progress(), whose errors may run callbacks.
   void ring() override;
+  // On a peer's allocate_memory() region that this process maps: the
+  // device does the atomic on its mapping with the CPU, as the owner's
+  // engine does on its own (docs/DESIGN.md, "Remote atomics"). A region
+  // reached only by CMA (registered memory) is not: CMA copies, it cannot
+  // do an atomic, so the owner's engine does those.
+  bool offloads_atomic(const RemoteKey& key) override;
 
  private:
   friend class ShmDevice;
@@ -129,8 +135,11 @@ class ShmDevice final : public device::Device {
     Mapping mapping;
   };
   static constexpr std::size_t kMaxSharedViews = 64;
-  Status shared_target(const ShmLane& lane, const device::RdmaDescriptor& x, std::uint32_t shared_fd,
-                       std::byte*& out);
+  Status shared_target(const ShmLane& lane, const RemoteKey& k, std::uint64_t remote_address, std::uint64_t length,
+                       std::uint32_t shared_fd, std::byte*& out);
+  // Is key's region a peer's shared one this process maps (or can map now)?
+  bool maps_region(const ShmLane& lane, const RemoteKey& key);
+  void atomic_mapped(ShmLane& lane, std::uint64_t n, const device::AtomicDescriptor& a);
   SharedView* map_shared(const ShmLane& lane, std::uint32_t task, std::uint32_t shared_fd);
   Step rdma_mapped(ShmLane& lane, std::uint64_t n, std::uint32_t shared_fd);
   Step rdma_cma(ShmLane& lane, std::uint64_t n);

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "ami/device/cpu_atomic.hpp"
 #include "shared_region.hpp"
 #include "shm_device.hpp"
 
@@ -66,9 +67,8 @@ ShmDevice::SharedView* ShmDevice::map_shared(const ShmLane& lane, std::uint32_t 
 
 // Where [remote_address, + length) of a shared region lies in this process,
 // after checking that the region behind the key is still the one it names.
-Status ShmDevice::shared_target(const ShmLane& lane, const device::RdmaDescriptor& x, std::uint32_t shared_fd,
-                                std::byte*& out) {
-  const RemoteKey& k = x.remote;
+Status ShmDevice::shared_target(const ShmLane& lane, const RemoteKey& k, std::uint64_t remote_address,
+                                std::uint64_t length, std::uint32_t shared_fd, std::byte*& out) {
   SharedView* v = map_shared(lane, k.task, shared_fd);
   if (v == nullptr) return {StatusCode::unreachable, "the peer's shared region cannot be mapped"};
   const auto* h = reinterpret_cast<const SharedRegionHeader*>(v->mapping.data());
@@ -82,8 +82,8 @@ Status ShmDevice::shared_target(const ShmLane& lane, const device::RdmaDescripto
     shared_views_.erase(shared_views_.begin() + (v - shared_views_.data()));  // remap next time
     return {StatusCode::remote_access, "remote key is stale (region freed)"};
   }
-  const std::uint64_t offset = x.remote_address - k.address;
-  if (x.remote_address < k.address || offset > k.length || x.length > k.length - offset)
+  const std::uint64_t offset = remote_address - k.address;
+  if (remote_address < k.address || offset > k.length || length > k.length - offset)
     return {StatusCode::remote_access, "access lies outside the remote key's region"};
   out = v->mapping.data() + SharedRegionHeader::kBytes + offset;
   return Status::success();
@@ -93,7 +93,7 @@ Status ShmDevice::shared_target(const ShmLane& lane, const device::RdmaDescripto
 ShmDevice::Step ShmDevice::rdma_mapped(ShmLane& lane, std::uint64_t n, std::uint32_t shared_fd) {
   const device::Descriptor& d = lane.fifo().at(n);
   std::byte* remote = nullptr;
-  const Status s = shared_target(lane, d.rdma, shared_fd, remote);
+  const Status s = shared_target(lane, d.rdma.remote, d.rdma.remote_address, d.rdma.length, shared_fd, remote);
   if (s == StatusCode::unreachable) return domain_.cma() ? rdma_cma(lane, n)
       : d.kind == device::DescriptorKind::put ? put_through_ring(lane, n) : get_through_ring(lane, n);
   if (!s.ok()) {
@@ -105,6 +105,36 @@ ShmDevice::Step ShmDevice::rdma_mapped(ShmLane& lane, std::uint64_t n, std::uint
   else
     std::memcpy(d.rdma.local, remote, d.rdma.length);
   return Step::done;
+}
+
+bool ShmLane::offloads_atomic(const RemoteKey& key) { return device_.maps_region(*this, key); }
+
+bool ShmDevice::maps_region(const ShmLane& lane, const RemoteKey& key) {
+  std::uint32_t shared_fd = 0;
+  return lane.failure_.ok() && decode_entry(key.entry(domain_.key_id()), shared_fd) && shared_fd != 0 &&
+         map_shared(lane, key.task, shared_fd) != nullptr;
+}
+
+// An atomic on a peer's allocate_memory() region: std::atomic_ref on this
+// process's mapping of the same pages, which the owner's engine and every
+// other mapping peer use too. Done at once, as a mapped PUT is.
+void ShmDevice::atomic_mapped(ShmLane& lane, std::uint64_t n, const device::AtomicDescriptor& a) {
+  const std::size_t width = width_of(a.type);
+  std::uint32_t shared_fd = 0;
+  std::byte* word = nullptr;
+  Status s = decode_entry(a.remote.entry(domain_.key_id()), shared_fd) && shared_fd != 0
+                 ? shared_target(lane, a.remote, a.remote_address, width, shared_fd, word)
+                 : Status{StatusCode::remote_access, "atomic: the remote key names no shared region"};
+  // (A view dropped since offloads_atomic() said yes, and not mappable
+  // again: the op cannot go another way now without mixing paths.)
+  if (s.ok() && reinterpret_cast<std::uintptr_t>(word) % width != 0)
+    s = {StatusCode::invalid_argument, "atomic: the remote address is misaligned for its width"};
+  if (!s.ok()) {
+    lane.fifo().fail_one(n, s);
+    return;
+  }
+  const std::uint64_t old = device::cpu_atomic(a.op, a.type, word, a.operand, a.compare);
+  if (a.result != nullptr) std::memcpy(a.result, &old, width);
 }
 
 ShmDevice::Step ShmDevice::rdma_cma(ShmLane& lane, std::uint64_t n) {

@@ -162,7 +162,13 @@ std::byte* VerbsLane::stage(std::uint32_t bytes) {
   const Made made = device::visit(d, device::cases(
       /*packet*/ packet,
       /*put*/ [&](const device::RdmaDescriptor& x) { return rdma(x, false); },
-      /*get*/ [&](const device::RdmaDescriptor& x) { return rdma(x, true); }));
+      /*get*/ [&](const device::RdmaDescriptor& x) { return rdma(x, true); },
+      // Never built for this lane (offloads_atomic() is false): atomics to
+      // a verbs peer go as messages its engine executes.
+      /*atomic*/ [&](const device::AtomicDescriptor&) {
+        refuse(lane, n, wr, {StatusCode::not_supported, "verbs: atomics are not offloaded on this lane"});
+        return Made::refused;
+      }));
   if (made != Made::wr) return made == Made::refused;
   choose_signal(lane, n, wr, signal);
   return true;

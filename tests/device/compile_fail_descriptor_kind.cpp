@@ -11,8 +11,9 @@ namespace {
 struct Device {
   int packet(const ami::device::PacketDescriptor&) { return 1; }
   int put(const ami::device::RdmaDescriptor&) { return 2; }
-#ifdef AMI_KNOWN_NAME
   int get(const ami::device::RdmaDescriptor&) { return 3; }
+#ifdef AMI_KNOWN_NAME
+  int atomic(const ami::device::AtomicDescriptor&) { return 4; }
 #endif
 };
 

@@ -81,6 +81,31 @@ struct Trio {
 
 }  // namespace
 
+TEST_CASE("a failed lane fails the atomics in its FIFO and its work queue with peer_failed, undone") {
+  Trio t;
+  std::uint64_t word = 0;
+  RemoteKey key;
+  REQUIRE(t.regions.add(&word, sizeof word, key).ok());
+  t.da.hold(1, true);
+  std::uint64_t results[100] = {};
+  for (auto& r : results)  // 64 in the held FIFO, the rest queued
+    REQUIRE(t.ea.atomic({.dest = {0, 1}, .op = AtomicOp::fetch_add, .type = AtomicType::u64, .remote = key,
+                         .operand = 1, .result = &r, .done = t.record()}).ok());
+  REQUIRE(t.ea.fence({0, 1}, t.record()).ok());
+  CHECK(t.sa.queued > 0);
+  for (int i = 0; i < 10; ++i) (void)t.ea.advance();
+  for (std::size_t i = 0; i < t.used; ++i) CHECK(t.outcomes[i].calls == 0);
+  t.da.fail_lane(1, {});
+  (void)t.ea.advance();
+  for (std::size_t i = 0; i < t.used; ++i) {
+    CAPTURE(i);
+    CHECK(t.outcomes[i].calls == 1);
+    CHECK(t.outcomes[i].last == StatusCode::peer_failed);
+  }
+  CHECK(word == 0);
+  CHECK(t.ea.atomic({.dest = {0, 1}, .op = AtomicOp::add, .remote = key, .operand = 1}) == StatusCode::peer_failed);
+}
+
 TEST_CASE("a failed lane fails every pending operation to its peer once; other peers go on") {
   Trio t;
   for (int i = 0; i < 5; ++i) REQUIRE(t.send(t.ea, {0, 1}).ok());

@@ -65,6 +65,7 @@ tool_step() {
 step smoke "$here/smoke.sh" || { echo "rxe0 is not usable: the verbs tests cannot run"; exit 1; }
 step test_verbs "$build/tests/backends/test_verbs"
 step backends_verbs "$build/tests/backends/test_backends_verbs"
+step atomics_verbs "$build/tests/backends/test_atomics_verbs"
 step wireup_verbs "$build/tests/backends/test_wireup_verbs"
 step peer_failure_verbs "$build/tests/protocol/test_peer_failure_verbs"
 step collectives_verbs "$build/tests/collectives/test_collectives_verbs"
@@ -86,6 +87,8 @@ tool_step ami_send_lat 8192 AMI_VERBS_CM=off -- -n 100 -x "$gid" -I 0
 tool_step ami_write_lat 2 AMI_VERBS_CM=off -- -n 300
 tool_step ami_write_lat 65536 -- -n 100 -R -m 1024
 tool_step ami_read_lat 4096 -- -n 200 -R
+tool_step ami_atomic_lat 8 -- -n 200 -A CMP_AND_SWAP
+tool_step ami_atomic_bw 8 -- -n 2000 -A FETCH_AND_ADD -o 16
 tool_step ami_send_bw 65536 -- -n 200 -t 32 -Q 4 --out_json_file="$json"
 if python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); assert r["results"][0]["bytes"] == 65536 and r["setup"]["Device"]' "$json"; then
   echo "=== ok: JSON report"

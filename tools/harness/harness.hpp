@@ -12,9 +12,12 @@
 
 namespace ami::tools {
 
-enum class Test { send_lat, send_bw, write_lat, write_bw, read_lat, read_bw };
+enum class Test { send_lat, send_bw, write_lat, write_bw, read_lat, read_bw, atomic_lat, atomic_bw };
 
-inline bool is_latency(Test t) { return t == Test::send_lat || t == Test::write_lat || t == Test::read_lat; }
+inline bool is_latency(Test t) {
+  return t == Test::send_lat || t == Test::write_lat || t == Test::read_lat || t == Test::atomic_lat;
+}
+inline bool is_atomic(Test t) { return t == Test::atomic_lat || t == Test::atomic_bw; }
 
 struct Options {
   Test test = Test::send_lat;
@@ -37,6 +40,9 @@ struct Options {
   bool events = false;
   unsigned spin_us = 0;        // --spin: with -e, busy-poll this long after the last event first
   std::string out_json;        // "": no JSON report
+  // Atomic tests: -A FETCH_AND_ADD (default) or CMP_AND_SWAP, as
+  // perftest's ib_atomic_*; each moves one 8-byte word.
+  bool compare_swap = false;
 
   // perftest's device options; each maps to an AMI_* configuration entry
   // (verbs backend only). Unset: the configuration (environment) decides.

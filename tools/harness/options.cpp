@@ -36,8 +36,11 @@ constexpr std::size_t kMaxSize = 8u << 20;
 constexpr std::size_t kDefaultSizeBw = 65536;
 constexpr std::size_t kDefaultSizeLat = 2;
 constexpr std::size_t kPerftestCqMod = 100;  // perftest's DEF_CQ_MOD
+constexpr std::size_t kAtomicSize = 8;       // an atomic's word, the only size ib_atomic_* know
 
-std::size_t default_size(Test t) { return is_latency(t) ? kDefaultSizeLat : kDefaultSizeBw; }
+std::size_t default_size(Test t) {
+  return is_atomic(t) ? kAtomicSize : is_latency(t) ? kDefaultSizeLat : kDefaultSizeBw;
+}
 
 void usage(Test t) {
   std::printf(
@@ -49,6 +52,8 @@ void usage(Test t) {
       "  -n, --iters=<n>          iterations (default 1000 latency, 5000 bandwidth)\n"
       "  -t, --tx-depth=<n>       operations in flight in bandwidth tests (default 128);\n"
       "                           verbs: also the send queue depth (AMI_VERBS_SQ_DEPTH)\n"
+      "  -A, --atomic_type=<t>    atomic tests: FETCH_AND_ADD (default) or CMP_AND_SWAP\n"
+      "  -o, --outs=<n>           atomic tests: atomics in flight (ami_atomic_bw; as -t)\n"
       "  -p, --port=<port>        bootstrap port (default 18515; --local: a free one)\n"
       "      --backend=<name>     %s (default shm); a device option implies verbs; ofi takes\n"
       "                           its provider from AMI_OFI_PROVIDER\n"
@@ -107,6 +112,8 @@ const char* tool_name(Test t) {
     case Test::write_bw: return "ami_write_bw";
     case Test::read_lat: return "ami_read_lat";
     case Test::read_bw: return "ami_read_bw";
+    case Test::atomic_lat: return "ami_atomic_lat";
+    case Test::atomic_bw: return "ami_atomic_bw";
   }
   return "ami";
 }
@@ -126,6 +133,7 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
       {"stats", no_argument, nullptr, kStats},     {"events", no_argument, nullptr, 'e'},
       {"spin", required_argument, nullptr, kSpin},
       {"post_list", required_argument, nullptr, 'l'},
+      {"atomic_type", required_argument, nullptr, 'A'}, {"outs", required_argument, nullptr, 'o'},
       {"help", no_argument, nullptr, 'h'},         {nullptr, 0, nullptr, 0}};
   o = Options{};
   o.test = test;
@@ -133,7 +141,8 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
   optind = 1;
   std::size_t v = 0;
   bool backend_given = false, json = false, verbs_option = false, sizes_given = false, spin_given = false;
-  for (int c; (c = getopt_long(argc, argv, "s:an:t:p:hd:i:x:Rm:Q:I:l:e", kLong, nullptr)) != -1;) {
+  bool atomic_option = false;
+  for (int c; (c = getopt_long(argc, argv, "s:an:t:p:hd:i:x:Rm:Q:I:l:eA:o:", kLong, nullptr)) != -1;) {
     if (is_verbs_option(c)) verbs_option = true;
     switch (c) {
       case 's':
@@ -216,6 +225,21 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
       case kRemoteDone: o.remote_done = true; break;
       case kStats: o.stats = true; break;
       case 'e': o.events = true; break;
+      case 'A':
+        atomic_option = true;
+        if (std::strcmp(optarg, "FETCH_AND_ADD") == 0) {
+          o.compare_swap = false;
+        } else if (std::strcmp(optarg, "CMP_AND_SWAP") == 0) {
+          o.compare_swap = true;
+        } else {
+          std::fprintf(stderr, "error: --atomic_type must be FETCH_AND_ADD or CMP_AND_SWAP, not '%s'\n", optarg);
+          return false;
+        }
+        break;
+      case 'o':
+        atomic_option = true;
+        if (!number(optarg, o.tx_depth, 1, 65536, "--outs")) return false;
+        break;
       case kSpin:
         if (!number(optarg, v, 0, 1000000, "--spin")) return false;
         o.spin_us = static_cast<unsigned>(v);
@@ -254,6 +278,15 @@ bool parse_options(int argc, char** argv, Test test, Options& o, bool& help) {
   if (o.remote_done && test != Test::send_lat && test != Test::send_bw) {
     std::fprintf(stderr, "error: --remote_done is for the send tests (ami_send_lat, ami_send_bw), not %s: "
                  "a PUT or GET has no remote_done\n", tool_name(test));
+    return false;
+  }
+  if (atomic_option && !is_atomic(test)) {
+    std::fprintf(stderr, "error: -A and -o are for the atomic tests (ami_atomic_lat, ami_atomic_bw), not %s\n",
+                 tool_name(test));
+    return false;
+  }
+  if (sizes_given && is_atomic(test) && (o.sizes.size() != 1 || o.sizes[0] != kAtomicSize)) {
+    std::fprintf(stderr, "error: %s moves one 8-byte word: no -s or -a but -s 8\n", tool_name(test));
     return false;
   }
   if (spin_given && !o.events) {

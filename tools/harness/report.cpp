@@ -15,14 +15,16 @@ namespace ami::tools {
 
 namespace {
 
-const char* title(Test t) {
-  switch (t) {
+const char* title(const Options& o) {
+  switch (o.test) {
     case Test::send_lat: return "Send Latency Test";
     case Test::send_bw: return "Send BW Test";
     case Test::write_lat: return "RDMA_Write Latency Test";
     case Test::write_bw: return "RDMA_Write BW Test";
     case Test::read_lat: return "RDMA_Read Latency Test";
     case Test::read_bw: return "RDMA_Read BW Test";
+    case Test::atomic_lat: return o.compare_swap ? "Atomic CMP_AND_SWAP Latency Test" : "Atomic FETCH_AND_ADD Latency Test";
+    case Test::atomic_bw: return o.compare_swap ? "Atomic CMP_AND_SWAP BW Test" : "Atomic FETCH_AND_ADD BW Test";
   }
   return "";
 }
@@ -39,10 +41,11 @@ double percentile(const std::vector<double>& sorted, double p) {
 
 void print_banner(const Options& o, const std::string& backend_lines) {
   std::printf("%s", kRule);
-  std::printf("                    %s\n", title(o.test));
+  std::printf("                    %s\n", title(o));
   std::printf(" Backend         : %s\n", o.backend.c_str());
   std::printf("%s", backend_lines.c_str());
   if (!is_latency(o.test)) std::printf(" TX depth        : %zu\n", o.tx_depth);
+  if (is_atomic(o.test)) std::printf(" Atomic Type     : %s\n", o.compare_swap ? "CMP_AND_SWAP" : "FETCH_AND_ADD");
   if (o.cq_moderation) std::printf(" CQ Moderation   : %u\n", *o.cq_moderation);
   if (o.post_list) std::printf(" Post List       : %u\n", *o.post_list);
   std::printf(" Iterations      : %zu\n", o.iterations);
@@ -126,6 +129,7 @@ void print_stats(const ContextStats& s) {
   std::printf("# stats: acks sent %llu received %llu, fences by message %llu by flush %llu, malformed packets %llu\n",
               u(s.acks_sent), u(s.acks_received), u(s.fences_by_message), u(s.fences_by_flush),
               u(s.malformed_packets));
+  std::printf("# stats: atomics posted %llu, done here for peers %llu\n", u(s.atomics), u(s.atomics_executed));
   std::fflush(stdout);
 }
 
@@ -150,7 +154,7 @@ bool write_json(const Options& o, const std::string& backend_lines, const std::v
   // ordered_json keeps the members in the order written here, which is the
   // order of perftest's banner and table.
   nlohmann::ordered_json report;
-  report["test"] = title(o.test);
+  report["test"] = title(o);
   report["tool"] = tool_name(o.test);
   report["backend"] = o.backend;
   // The banner's "name : value" lines become an object.

@@ -398,6 +398,7 @@ class Driver {
         sync(size);
         return latency(size, [&] { write_round(size); });
       case Test::read_lat: return latency(size, [&] { read_round(size); });
+      case Test::atomic_lat: return latency(size, [&] { atomic_round(); });
       default: return bandwidth(size);
     }
   }
@@ -452,11 +453,26 @@ class Driver {
     if (!failure_.ok()) throw Error("client: a read failed: " + to_string(failure_));
   }
 
+  // One atomic on the server's word: fetch_add of 1, or compare_swap of the
+  // value the last round read (it always succeeds: nobody else writes it).
+  AtomicParams atomic_params(Callback done) {
+    return {.dest = peer_, .op = o_.compare_swap ? AtomicOp::compare_swap : AtomicOp::fetch_add,
+            .type = AtomicType::u64, .remote = key_, .operand = o_.compare_swap ? atomic_old_ + 1 : 1,
+            .compare = atomic_old_, .result = &atomic_old_, .done = done};
+  }
+
+  void atomic_round() {
+    replied_ = false;
+    check(c_.atomic(atomic_params({&Driver::on_read_done, this})));
+    wait(replied_);
+    if (!failure_.ok()) throw Error("client: an atomic failed: " + to_string(failure_));
+  }
+
   // One timestamp per round, as perftest does: each sample runs from the
   // end of the previous round to the end of this one. Timestamps are cycle
   // counts (cheap to read), converted with the rate the steady clock
   // measures. A round trip counts half (send, write: one way); a read is
-  // reported whole, as perftest does.
+  // reported whole, as perftest does, and so is an atomic.
   template <typename Round>
   Row latency(std::size_t size, Round round) {
     const std::size_t warmup = std::min<std::size_t>(o_.iterations, 16);
@@ -497,7 +513,8 @@ class Driver {
   }
 
   Row latency_row(std::size_t size, const std::vector<std::uint64_t>& ticks) {
-    const double us_per_tick = microseconds_per_cycle() / (o_.test == Test::read_lat ? 1 : 2);
+    const bool round_trip = o_.test == Test::read_lat || o_.test == Test::atomic_lat;
+    const double us_per_tick = microseconds_per_cycle() / (round_trip ? 1 : 2);
     std::vector<double> samples(o_.iterations);
     for (std::size_t i = 0; i < o_.iterations; ++i)
       samples[i] = static_cast<double>(ticks[i + 1] - ticks[i]) * us_per_tick;
@@ -568,6 +585,7 @@ class Driver {
         return c_.put({.dest = peer_, .local = &local_, .remote = key_, .bytes = size, .local_done = done});
       case Test::read_bw:
         return c_.get({.dest = peer_, .local = &local_, .remote = key_, .bytes = size, .local_done = done});
+      case Test::atomic_bw: return c_.atomic(atomic_params(done));  // (every result into one word, as perftest)
       default: break;
     }
     return {StatusCode::invalid_argument, "not a bandwidth test"};
@@ -630,6 +648,7 @@ class Driver {
   std::size_t remote_pending_ = 0;  // send latency: sends whose remote_done has not run
   AckFigures server_acks_;
   std::size_t round_ = 0;  // write latency: rounds since the last sync
+  std::uint64_t atomic_old_ = 0;  // atomic tests: the word's value the last atomic returned
   Status failure_;
   std::vector<std::uint64_t> stamps_;  // cycle count at each completion
   struct Chain {

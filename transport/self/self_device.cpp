@@ -5,6 +5,8 @@
 #include <cstring>
 #include <new>
 
+#include "ami/device/cpu_atomic.hpp"
+
 namespace ami::self {
 
 void SelfDomain::FreeAligned::operator()(void* p) const { std::free(p); }
@@ -63,7 +65,11 @@ bool SelfDevice::execute(SelfLane& lane, std::uint64_t n) {
   return device::visit(lane.fifo().at(n), device::cases(
       /*packet*/ [&](const device::PacketDescriptor& p) { return deliver(lane, p); },
       /*put*/ [&](const device::RdmaDescriptor& x) { return rdma(lane, n, x, true); },
-      /*get*/ [&](const device::RdmaDescriptor& x) { return rdma(lane, n, x, false); }));
+      /*get*/ [&](const device::RdmaDescriptor& x) { return rdma(lane, n, x, false); },
+      /*atomic*/ [&](const device::AtomicDescriptor& a) {
+        atomic(lane, n, a);
+        return true;
+      }));
 }
 
 bool SelfDevice::deliver(SelfLane& lane, const device::PacketDescriptor& p) {
@@ -93,6 +99,20 @@ bool SelfDevice::rdma(SelfLane& lane, std::uint64_t n, const device::RdmaDescrip
       std::memmove(x.local, remote, x.length);
   }
   return true;
+}
+
+void SelfDevice::atomic(SelfLane& lane, std::uint64_t n, const device::AtomicDescriptor& a) {
+  const std::size_t width = width_of(a.type);
+  std::byte* word = nullptr;
+  Status s = domain_.regions().check(a.remote, a.remote_address, width, word);
+  if (s.ok() && a.remote_address % width != 0)
+    s = {StatusCode::invalid_argument, "atomic: the remote address is misaligned for its width"};
+  if (!s.ok()) {
+    lane.fifo().fail_one(n, s);
+    return;
+  }
+  const std::uint64_t old = device::cpu_atomic(a.op, a.type, word, a.operand, a.compare);
+  if (a.result != nullptr) std::memcpy(a.result, &old, width);  // (little-endian: the low bytes)
 }
 
 std::size_t SelfDevice::drain_lane(SelfLane& lane) {

@@ -59,6 +59,10 @@ class SelfLane final : public device::Lane {
   // of it) and a dispatch per packet.
   std::uint64_t rdma_crossover() const override { return std::uint64_t{16} << 10; }
   void ring() override {}
+  // The region is this process's own memory: the device does the atomic
+  // with the CPU, as the owner's engine would (docs/DESIGN.md, "Remote
+  // atomics").
+  bool offloads_atomic(const RemoteKey&) override { return true; }
 
  private:
   friend class SelfDevice;
@@ -99,6 +103,7 @@ class SelfDevice final : public device::Device {
   bool execute(SelfLane& lane, std::uint64_t n);
   bool deliver(SelfLane& lane, const device::PacketDescriptor& p);
   bool rdma(SelfLane& lane, std::uint64_t n, const device::RdmaDescriptor& x, bool put);
+  void atomic(SelfLane& lane, std::uint64_t n, const device::AtomicDescriptor& a);
 
   SelfDomain& domain_;
   std::uint16_t context_;

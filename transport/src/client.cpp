@@ -231,7 +231,7 @@ Client::Client(ClientOptions options) {
   for (std::uint16_t i = 0; i < n; ++i)
     impl_->contexts.push_back(std::unique_ptr<Context>(new Context(std::make_unique<detail::ContextImpl>(
         *this, i, impl_->backends, fifo_depth, shape, impl_->make_cache(), impl_->connections.get(),
-        impl_->on_demand ? impl_.get() : nullptr))));
+        impl_->on_demand ? impl_.get() : nullptr, &impl_->regions))));
 }
 
 // A context's registration cache, registering through the client. Idle

@@ -230,6 +230,39 @@ Status Context::get(const RdmaParams& params) {
   return impl_->engine.rdma(device::DescriptorKind::get, params, local, params.local->local_keys());
 }
 
+namespace {
+
+Status check_atomic(const Client& client, const AtomicParams& p) {
+  if (p.dest.task >= client.size() || p.dest.context >= client.context_count())
+    return {StatusCode::invalid_argument, "atomic: endpoint is out of range"};
+  if (static_cast<std::uint8_t>(p.op) > kLastAtomicOp)
+    return {StatusCode::invalid_argument, "atomic: op is not an AtomicOp"};
+  if (static_cast<std::uint8_t>(p.type) > kLastAtomicType)
+    return {StatusCode::invalid_argument, "atomic: type is not an AtomicType"};
+  if (p.result == nullptr && returns_old(p.op))
+    return {StatusCode::invalid_argument, "atomic: result is null, but the op returns the old value"};
+  if (p.remote.task != p.dest.task)
+    return {StatusCode::invalid_argument, "atomic: remote key belongs to another task than dest"};
+  if (p.remote.address + p.remote.length < p.remote.address)  // a key made by hand: from_bytes() refuses it
+    return {StatusCode::remote_access, "atomic: the remote key's region wraps around the address space"};
+  const std::uint64_t width = width_of(p.type);
+  if (p.remote_offset > p.remote.length || width > p.remote.length - p.remote_offset)
+    return {StatusCode::remote_access, "atomic: the word lies outside the remote key's region (out of bounds)"};
+  if ((p.remote.address + p.remote_offset) % width != 0)
+    return {StatusCode::invalid_argument, "atomic: the remote address is misaligned for the type's width"};
+  return Status::success();
+}
+
+}  // namespace
+
+Status Context::atomic(const AtomicParams& params) {
+  if (in_forked_child(fork_generation_)) return kForkedChild<"atomic">;
+  if (!impl_) return kRetired;
+  Status s = check_atomic(client(), params);
+  if (!s.ok()) return s;
+  return impl_->engine.atomic(params);
+}
+
 std::size_t Context::advance(std::size_t max_loops) {
   // In a forked child the rings are the parent's: taking from them here
   // would hand the parent's arrivals to the child as well.

@@ -27,12 +27,14 @@ struct ContextImpl {
   // no device reaches yet.
   ContextImpl(Client& client, std::uint16_t index, const BackendSet& backends, std::uint32_t fifo_depth,
               protocol::AmEngine::Shape shape, std::unique_ptr<RegistrationCache> cache,
-              ConnectionWatch* connections, device::PeerDirectory* directory)
+              ConnectionWatch* connections, device::PeerDirectory* directory,
+              const device::RegionTable* regions)
       : client(client), index(index), connections(connections), backends(backends),
         devices(make_devices(backends, index, fifo_depth, directory != nullptr)), cache(std::move(cache)),
         engine(shape, stats) {
     engine.set_registrar(this->cache.get());
     engine.set_directory(directory);
+    engine.set_regions(regions);  // atomics that arrive as messages are checked against them
     for (const auto& d : devices) engine.add_device(*d);
   }
   ~ContextImpl() {

@@ -396,6 +396,7 @@ bool AmEngine::inject_control(Peer& peer, Control& c) {
                      inject_packet(peer, *d, header_of(f), f.owner);
                  },
                  [&](const KeepaliveItem& k) { inject_packet(peer, *d, header_of(k), nullptr); },
+                 [&](const AtomicReplyItem& a) { inject_packet(peer, *d, header_of(a), nullptr); },
              },
              c);
   return true;
@@ -502,9 +503,10 @@ std::size_t AmEngine::service(Peer& peer) {
     return work;
   }
   while (Request* r = s.head) {
-    const bool done = r->kind == Request::Kind::send    ? inject_send(peer, *r)
-                      : r->kind == Request::Kind::fence ? inject_fence(peer, *r)
-                                                        : inject_rdma(peer, *r);
+    const bool done = r->kind == Request::Kind::send     ? inject_send(peer, *r)
+                      : r->kind == Request::Kind::fence  ? inject_fence(peer, *r)
+                      : r->kind == Request::Kind::atomic ? inject_atomic(peer, *r)
+                                                         : inject_rdma(peer, *r);
     if (!done) break;
     s.head = r->next;
     if (s.head == nullptr) s.tail = nullptr;
@@ -557,7 +559,7 @@ std::uint64_t AmEngine::expect_answer(Peer& peer, Request& r) {
 }
 
 void AmEngine::forget_answer(Request& r) {
-  Unanswered& u = peers_[r.peer].state->unanswered;
+  Unanswered& u = list_of(r);
   if (r.ack_prev != nullptr) r.ack_prev->ack_next = r.ack_next; else u.head = r.ack_next;
   if (r.ack_next != nullptr) r.ack_next->ack_prev = r.ack_prev; else u.tail = r.ack_prev;
   r.ack_prev = r.ack_next = nullptr;

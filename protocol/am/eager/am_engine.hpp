@@ -54,6 +54,7 @@
 
 #include "ami/device/device.hpp"
 #include "ami/device/peer_directory.hpp"
+#include "ami/device/region_table.hpp"
 #include "ami/device/registrar.hpp"
 #include "ami/dispatch.hpp"
 #include "ami/params.hpp"
@@ -97,6 +98,9 @@ class AmEngine final : public device::PacketSink {
   // Where a task no device reaches yet is looked up (addresses learnt on
   // first use); null when every address was learnt at start.
   void set_directory(device::PeerDirectory* directory) { directory_ = directory; }
+  // The task's registrations, against which an atomic that arrives as a
+  // message is checked; without them every such atomic is refused.
+  void set_regions(const device::RegionTable* regions) { regions_ = regions; }
 
   Status set_dispatch(std::uint16_t id, Dispatch dispatch);
   Status send(const SendParams& p);
@@ -124,6 +128,8 @@ class AmEngine final : public device::PacketSink {
   // local/local_keys: the checked local range of p.local, and its keys.
   Status rdma(device::DescriptorKind kind, const RdmaParams& p, std::byte* local,
               const LocalKeys& local_keys);
+  // p is checked (Context::atomic); am_atomic.cpp.
+  Status atomic(const AtomicParams& p);
 
   std::size_t immediate_limit(Endpoint dest);
   // Acks this context sent to dest's origin, and messages they covered.
@@ -245,7 +251,12 @@ class AmEngine final : public device::PacketSink {
     wire::RendezvousInfo target{};
   };
   struct KeepaliveItem {};
-  using Control = std::variant<AckItem, GetItem, StopItem, CtsItem, FinItem, KeepaliveItem>;
+  struct AtomicReplyItem {  // target: the atomic request_id was done (or refused)
+    std::uint64_t request_id = 0;  // the origin's
+    std::uint64_t old = 0;
+    wire::AtomicRefusal refusal = wire::AtomicRefusal::none;
+  };
+  using Control = std::variant<AckItem, GetItem, StopItem, CtsItem, FinItem, KeepaliveItem, AtomicReplyItem>;
   // Sender side: the requests that wait for an ack from one peer, in the
   // order of their ack sequence numbers (doubly linked through Request).
   struct Unanswered {
@@ -265,6 +276,7 @@ class AmEngine final : public device::PacketSink {
     std::vector<Control> controls;  // waiting for a FIFO slot, in order
     Reassembly rx;
     Unanswered unanswered;
+    Unanswered atomics;             // atomics sent as messages, waiting for their reply (no seq)
     AckDispatcher::Origin acks;     // answers owed to it, for the ack dispatcher
     std::uint64_t heard = 0;        // packets that came from it
     std::uint64_t heard_at_probe = 0;
@@ -329,6 +341,7 @@ class AmEngine final : public device::PacketSink {
   static wire::PacketHeader header_of(const CtsItem& c);
   static wire::PacketHeader header_of(const FinItem& f);
   static wire::PacketHeader header_of(const KeepaliveItem& k);
+  static wire::PacketHeader header_of(const AtomicReplyItem& a);
   bool inject_fence(Peer& peer, Request& r);
   static void on_child_fence(void* cookie, Status s);
   void on_fence(Peer& peer, const wire::PacketView& v);
@@ -396,6 +409,17 @@ class AmEngine final : public device::PacketSink {
   // What ring() held back for a batch goes out (call when rung_).
   void flush_rung();
 
+  // remote atomics (am_atomic.cpp)
+  bool inject_atomic(Peer& peer, Request& r);
+  void on_atomic(Peer& peer, const wire::PacketView& v);
+  void on_atomic_reply(Peer& peer, const wire::PacketView& v);
+  // Links r into / out of the list of replies it waits for (the peer's
+  // acks, or its atomics).
+  Unanswered& list_of(const Request& r) {
+    PeerState& s = *peers_[r.peer].state;
+    return r.kind == Request::Kind::atomic ? s.atomics : s.unanswered;
+  }
+
   // the rendezvous (am_rndv.cpp)
   void consider_stop(Peer& peer);
   bool stop(Peer& peer, const rndv::Decision& d);
@@ -421,6 +445,7 @@ class AmEngine final : public device::PacketSink {
   ContextStats& stats_;
   device::Registrar* registrar_ = nullptr;
   device::PeerDirectory* directory_ = nullptr;
+  const device::RegionTable* regions_ = nullptr;
   std::vector<device::Device*> devices_;
   std::vector<device::Device*> polled_;  // those advance() polls, flushes, asks for credit
   std::vector<Peer> peers_;           // by task * contexts + context; never resized

@@ -89,6 +89,7 @@ void AmEngine::fail_work(Peer& peer, Status why) {
                    [&](const CtsItem& x) { owned(x.owner); },
                    [&](const FinItem& f) { owned(f.owner); },
                    [](const KeepaliveItem&) {},
+                   [](const AtomicReplyItem&) {},
                },
                c);
   s.controls.clear();
@@ -100,6 +101,7 @@ void AmEngine::fail_work(Peer& peer, Status why) {
   }
   s.head = s.tail = nullptr;
   for (Request* r = s.unanswered.head; r != nullptr; r = r->ack_next) mark(*r);
+  for (Request* r = s.atomics.head; r != nullptr; r = r->ack_next) mark(*r);  // done there or not: unknown
   for (std::uint64_t id : touched)
     if (Request* r = pool_.find(id)) settle(*r);
 

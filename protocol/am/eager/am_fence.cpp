@@ -8,8 +8,9 @@
 // be overtaken by a later SEND on RC, so the packet waits until the lane's
 // transfer counter has passed the newest GET. A lane that may reorder is
 // flushed instead: the fence completes once its transfer counter passed
-// everything injected before it. No count of outstanding operations per
-// peer is kept either way.
+// everything injected before it, and once every atomic sent to the peer as
+// a packet has its reply. No count of outstanding operations per peer is
+// kept either way.
 #include "am_engine.hpp"
 #include "packet_build.hpp"
 
@@ -63,7 +64,8 @@ bool AmEngine::inject_fence(Peer& peer, Request& r) {
   device::Lane& lane = *peer.lane;
   const std::uint64_t passed = lane.fifo().counter().snapshot();
   if (!lane.ordered()) {
-    if (passed < lane.fifo().injected()) return false;
+    // (An atomic sent as a packet is done when its reply is here.)
+    if (passed < lane.fifo().injected() || peer.state->atomics.head != nullptr) return false;
     ++stats_.fences_by_flush;
     r.local_pending = false;
     r.verdict_pending = false;

@@ -214,6 +214,8 @@ void AmEngine::handle(Endpoint origin, const wire::PacketView& v) {
     case wire::PacketType::fin: on_end(*peer, v); break;
     case wire::PacketType::fence: on_fence(*peer, v); break;
     case wire::PacketType::keepalive: ++stats_.keepalives_received; break;
+    case wire::PacketType::atomic: on_atomic(*peer, v); break;
+    case wire::PacketType::atomic_reply: on_atomic_reply(*peer, v); break;
   }
 }
 

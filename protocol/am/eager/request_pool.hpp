@@ -22,7 +22,7 @@ namespace ami::protocol {
 class AmEngine;
 
 struct Request {
-  enum class Kind : std::uint8_t { send, rdma, fence };
+  enum class Kind : std::uint8_t { send, rdma, fence, atomic };
 
   Kind kind = Kind::send;
   bool live = false;
@@ -32,7 +32,8 @@ struct Request {
   AmEngine* engine = nullptr;  // the owner, reached from completion callbacks
   Request* next = nullptr;     // in the peer's work queue
   // Waiting for an ack (a remote-done, a rendezvous verdict, a fence's
-  // answer): its ack sequence number and its place in the peer's list.
+  // answer): its ack sequence number and its place in the peer's list; an
+  // atomic sent as a message waits in the peer's list of atomics instead.
   std::uint64_t ack_seq = 0;
   Request* ack_prev = nullptr;
   Request* ack_next = nullptr;
@@ -69,6 +70,9 @@ struct Request {
   // rdma
   device::DescriptorKind rdma_kind = device::DescriptorKind::put;
   device::RdmaDescriptor rdma{};
+
+  // atomic: what it does, and where its old value goes
+  device::AtomicDescriptor atomic{};
 
   // fence_all: the fences to each peer still to answer
   std::uint32_t children = 0;

@@ -45,11 +45,14 @@ DecodeError check_lengths(const PacketHeader& h, std::size_t size) {
       const bool ok = h.header_len == 0 && h.payload_len == (put ? RendezvousInfo::kBytes : 0);
       return ok ? DecodeError::none : DecodeError::bad_length;
     }
+    case PacketType::atomic:
+      return h.header_len == 0 && h.payload_len == AtomicArgs::kBytes ? DecodeError::none : DecodeError::bad_length;
     case PacketType::ack:
     case PacketType::cts:
     case PacketType::fin:
     case PacketType::fence:
     case PacketType::keepalive:
+    case PacketType::atomic_reply:
       return h.header_len == 0 && h.payload_len == 0 ? DecodeError::none : DecodeError::bad_length;
   }
   return DecodeError::bad_type;
@@ -66,6 +69,10 @@ DecodeError check_offsets(const PacketHeader& h) {
       return DecodeError::none;
     case PacketType::fence:
     case PacketType::keepalive: return DecodeError::none;
+    case PacketType::atomic:
+      return (h.dispatch & 0xFFu) > kLastAtomicOp || (h.dispatch >> 8) > kLastAtomicType ? DecodeError::bad_offset
+                                                                                          : DecodeError::none;
+    case PacketType::atomic_reply: return h.dispatch > kLastAtomicRefusal ? DecodeError::bad_offset : DecodeError::none;
     case PacketType::ack: return h.total_len == 0 ? DecodeError::bad_length : DecodeError::none;
     case PacketType::am_first:
       // offset is the ack sequence number: wanted exactly when an answer is

@@ -19,6 +19,7 @@
 #include <span>
 #include <string_view>
 
+#include "ami/atomic.hpp"
 #include "ami/memory.hpp"
 
 namespace ami::wire {
@@ -52,8 +53,41 @@ enum class PacketType : std::uint8_t {
                  // sequence number; answered by an ack once dispatched
   keepalive = 9, // the origin waits for an answer and heard nothing for a while: the lane
                  // carrying it (or failing to) says whether the peer lives; dropped on arrival
+  atomic = 10,   // a remote atomic the target's engine does (docs/DESIGN.md, "Remote atomics"):
+                 // message_id = the origin's id for it, offset = the word's address,
+                 // dispatch = op | type << 8, payload = AtomicArgs
+  atomic_reply = 11,  // its answer: message_id = the origin's id, offset = the word's old
+                      // value, dispatch = an AtomicRefusal (none: done)
 };
-inline constexpr std::uint8_t kLastPacketType = 9;
+inline constexpr std::uint8_t kLastPacketType = 11;
+
+// The rest of an atomic packet: the key's region and generation (the
+// target checks them against its region table, with its own job and task)
+// and the operands, little-endian.
+struct AtomicArgs {
+  static constexpr std::size_t kBytes = 24;
+  std::uint32_t region = 0;
+  std::uint32_t generation = 0;
+  std::uint64_t operand = 0;
+  std::uint64_t compare = 0;
+  void encode(std::byte* out) const {
+    std::memcpy(out, &region, 4);
+    std::memcpy(out + 4, &generation, 4);
+    std::memcpy(out + 8, &operand, 8);
+    std::memcpy(out + 16, &compare, 8);
+  }
+  static AtomicArgs decode(std::span<const std::byte> in) {  // (decode() checked its length)
+    AtomicArgs a;
+    std::memcpy(&a.region, in.data(), 4);
+    std::memcpy(&a.generation, in.data() + 4, 4);
+    std::memcpy(&a.operand, in.data() + 8, 8);
+    std::memcpy(&a.compare, in.data() + 16, 8);
+    return a;
+  }
+};
+// Why a target did not do an atomic; the origin's callback names it.
+enum class AtomicRefusal : std::uint16_t { none, stale_key, out_of_bounds, misaligned, bad_op };
+inline constexpr std::uint16_t kLastAtomicRefusal = static_cast<std::uint16_t>(AtomicRefusal::bad_op);
 
 enum PacketFlags : std::uint16_t {
   kWantsRemoteDone = 1u << 0,  // am_first: the sender wants a remote-done

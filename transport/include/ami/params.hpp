@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <span>
 
+#include "ami/atomic.hpp"
 #include "ami/callback.hpp"
 #include "ami/memory.hpp"
 
@@ -40,6 +41,22 @@ struct RdmaParams {
   std::uint64_t remote_offset = 0;
   std::uint64_t bytes = 0;
   Callback local_done;  // PUT: local buffer reusable; GET: data is in place
+};
+
+// An atomic on the naturally aligned word at remote_offset of the remote
+// key's region (Context::atomic; docs/DESIGN.md, "Remote atomics").
+struct AtomicParams {
+  Endpoint dest;
+  AtomicOp op = AtomicOp::fetch_add;
+  AtomicType type = AtomicType::u64;
+  RemoteKey remote{};
+  std::uint64_t remote_offset = 0;  // a multiple of the type's width from an aligned region start
+  std::uint64_t operand = 0;        // the value added, swapped in, or combined (low 32 bits for 32-bit types)
+  std::uint64_t compare = 0;        // compare_swap: the value the word must hold
+  // Where the word's old value goes (4 or 8 bytes, the type's width; no
+  // alignment needed), written before done runs; null only for add.
+  void* result = nullptr;
+  Callback done;                    // the op is done at the target, result written
 };
 
 }  // namespace ami

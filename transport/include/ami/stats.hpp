@@ -18,6 +18,8 @@ struct ContextStats {
   std::uint64_t bytes_received = 0;  // payload bytes
   std::uint64_t puts = 0;
   std::uint64_t gets = 0;
+  std::uint64_t atomics = 0;           // posted by this context
+  std::uint64_t atomics_executed = 0;  // done here for peers, from atomic packets
   std::uint64_t queued = 0;          // instructions that waited in the work queue
   std::uint64_t remote_done_sent = 0;
   std::uint64_t remote_done_received = 0;

@@ -6,13 +6,13 @@
 // returns invalid_argument ("context used after its client was destroyed"),
 // 0 or nothing (advance, immediate_limit, stats, describe_lane), and
 // client() throws ami::Error. post
-// calls (send, send_immediate, put, get) and advance() are not thread-safe:
+// calls (send, send_immediate, put, get, atomic) and advance() are not thread-safe:
 // one thread drives a context at a time, which lock()/try_lock() arrange
 // when threads share one. Two contexts share no queue, so two threads on two
 // contexts never contend. Callbacks run only inside advance().
 //
 // When an injection FIFO is full:
-//  - send(), put() and get() queue the instruction in the context's work
+//  - send(), put(), get() and atomic() queue the instruction in the context's work
 //    queue (a request from a pool sized by AMI_MAX_REQUESTS) and return ok;
 //    queued instructions go out in order, before later ones to the same
 //    endpoint, as advance() frees slots. Only an exhausted pool makes them
@@ -95,9 +95,41 @@ class Context {
   Status put(const RdmaParams& params);
   Status get(const RdmaParams& params);
 
+  // A remote atomic (docs/DESIGN.md, "Remote atomics"): op on the word of
+  // params.type at remote_offset of the key's region; done runs (inside a
+  // later advance()) once the op is done at the target and the word's old
+  // value is in *result. Queued like put() when the FIFO is full.
+  //
+  // Atomicity: every ami atomic on one word is atomic against every other
+  // ami atomic on it, from any task, context and backend of the job. Each
+  // region has one atomic domain, the CPU of the host that owns it: the
+  // owner's engine does the op with std::atomic_ref on its own memory when
+  // an atomic arrives as a message (in order with the lane's other
+  // packets), and a device that reaches the memory itself does the same
+  // atomic_ref on it (self: the same process; shm: a peer's
+  // allocate_memory() segment it maps). So the owner's own
+  // std::atomic_ref operations on the word are atomic with ami's too.
+  // Nothing is atomic against a PUT (or a plain store) that writes the same
+  // bytes: the word then holds one or the other, or a mix of both; a GET
+  // that reads it may see a mix, unless a fence separates them.
+  //
+  // Returns invalid_argument for an endpoint out of range, an op or type
+  // not named by AtomicOp or AtomicType, a null result for an op that
+  // returns one, a key of another task than dest, and a remote address that
+  // is not a multiple of the type's width ("atomic: the remote address is
+  // misaligned ..."); remote_access for a word outside the key's region
+  // ("atomic: the word lies outside the remote key's region"), or, through
+  // done, a key the owner refuses (stale, another job); peer_failed as
+  // put() does, and done gets peer_failed when the peer fails with the
+  // atomic in flight (whether it was done there is then unknown). A fence
+  // to dest covers the atomics posted before it: its done runs after theirs
+  // and after each was done at the target.
+  Status atomic(const AtomicParams& params);
+
   // Deterministic fence (docs/DESIGN.md, method 3): done runs once every send,
-  // PUT and GET this context posted to dest before the call is complete at
-  // dest (sends dispatched, PUT data placed, GET data here). On a lane that
+  // PUT, GET and atomic this context posted to dest before the call is
+  // complete at dest (sends dispatched, PUT data placed, GET data here,
+  // atomics done and their results here). On a lane that
   // delivers in order the fence is a message behind those operations
   // (after the transfer counter passed every earlier GET), answered by the
   // target when it handles it; on one that may reorder, the lane is

@@ -1,5 +1,5 @@
 // ami/device/descriptor.hpp — what software writes into an injection FIFO
-// slot: a packet, a PUT or a GET.
+// slot: a packet, a PUT, a GET or an atomic.
 //
 // A packet carries up to kPacketInlineBytes copied into the descriptor
 // (protocol header, user header, and a small payload, so an immediate send's
@@ -16,13 +16,14 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "ami/atomic.hpp"
 #include "ami/memory.hpp"
 
 namespace ami::device {
 
 inline constexpr std::size_t kPacketInlineBytes = 320;
 
-enum class DescriptorKind : std::uint8_t { packet, put, get };
+enum class DescriptorKind : std::uint8_t { packet, put, get, atomic };
 
 struct PacketDescriptor {
   // The fields a device reads for every packet come first (12 bytes);
@@ -59,6 +60,22 @@ struct RdmaDescriptor {
   RemoteKey remote{};
 };
 
+// A remote atomic on one naturally aligned word of the key's region, for a
+// lane whose device offloads atomics on that region (Lane::offloads_atomic);
+// every other atomic goes as a message the target's engine executes
+// (docs/DESIGN.md, "Remote atomics"). The device writes the word's old
+// value to result (width bytes; null: none wanted) before the slot
+// completes. op and type are ami::AtomicOp and ami::AtomicType.
+struct AtomicDescriptor {
+  AtomicOp op = AtomicOp::fetch_add;
+  AtomicType type = AtomicType::u64;
+  std::uint64_t operand = 0;
+  std::uint64_t compare = 0;  // compare_swap
+  void* result = nullptr;
+  std::uint64_t remote_address = 0;
+  RemoteKey remote{};
+};
+
 // One slot holds one kind, so the kinds share its bytes: a slot is as large
 // as a packet, not as a packet and a PUT together, and a FIFO of them stays
 // small in cache. Only `kind`'s member is meaningful; the protocol sets kind
@@ -71,18 +88,21 @@ struct Descriptor {
   union {
     PacketDescriptor packet;
     RdmaDescriptor rdma;
+    AtomicDescriptor atomic;
   };
 };
 static_assert(std::is_trivially_copyable_v<PacketDescriptor> && std::is_trivially_copyable_v<RdmaDescriptor>
-              && std::is_trivially_destructible_v<Descriptor>,
+              && std::is_trivially_copyable_v<AtomicDescriptor> && std::is_trivially_destructible_v<Descriptor>,
               "a slot's kinds are plain data that share its bytes");
 
 // What handles every kind of descriptor: one member per kind.
 template <class V>
-concept DescriptorVisitor = requires(V& v, const PacketDescriptor& p, const RdmaDescriptor& x) {
+concept DescriptorVisitor = requires(V& v, const PacketDescriptor& p, const RdmaDescriptor& x,
+                                     const AtomicDescriptor& a) {
   v.packet(p);
   v.put(x);
   v.get(x);
+  v.atomic(a);
 };
 
 // Calls the visitor's member for d's kind and returns what it returns. The
@@ -96,24 +116,26 @@ template <class V>
     case DescriptorKind::packet: return v.packet(d.packet);
     case DescriptorKind::put: return v.put(d.rdma);
     case DescriptorKind::get: return v.get(d.rdma);
+    case DescriptorKind::atomic: return v.atomic(d.atomic);
   }
   __builtin_unreachable();  // only the protocol writes kind, always a named one
 }
 
 // A visitor made of one callable per kind, for a device that handles each
-// in place: visit(d, cases(packet, put, get)), each a callable taking that
-// kind's descriptor.
-template <class Packet, class Put, class Get>
+// in place: visit(d, cases(packet, put, get, atomic)), each a callable
+// taking that kind's descriptor.
+template <class Packet, class Put, class Get, class Atomic>
 struct Cases {
   Packet packet;
   Put put;
   Get get;
+  Atomic atomic;
 };
 // (A function rather than deduction from Cases{.packet = ...}: compilers
 // without C++20's deduction for aggregates, clang before 17, refuse that.)
-template <class Packet, class Put, class Get>
-Cases<Packet, Put, Get> cases(Packet packet, Put put, Get get) {
-  return {packet, put, get};
+template <class Packet, class Put, class Get, class Atomic>
+Cases<Packet, Put, Get, Atomic> cases(Packet packet, Put put, Get get, Atomic atomic) {
+  return {packet, put, get, atomic};
 }
 
 }  // namespace ami::device

@@ -72,6 +72,18 @@ class Lane {
   // data is in. The receiver's stop policy then prefers a GET (AMI_RNDV_MODE
   // auto).
   virtual bool get_beats_put() const { return false; }
+  // Whether an atomic on key's region may go as a DescriptorKind::atomic
+  // on this lane (the device carries it out itself, with the same
+  // atomicity as the target's CPU: docs/DESIGN.md, "Remote atomics");
+  // false: the engine sends it as a message the target executes. Decided
+  // by the region, never by the operation, so every atomic on a word from
+  // this lane takes one path. A device that answers false never sees the
+  // kind, and fails a slot of it with not_supported. (Not const: a device
+  // may map the region to decide.)
+  virtual bool offloads_atomic(const RemoteKey& key) {
+    (void)key;
+    return false;
+  }
   // Doorbell: descriptors up to fifo().injected() are committed. A device
   // may hold back all but the first since its last progress() or flush(),
   // to post them in one batch; flush() posts them.

@@ -1,0 +1,4 @@
+// ami_atomic_bw — perftest-like measurement; everything lives in the harness.
+#include "harness/harness.hpp"
+
+int main(int argc, char** argv) { return ami::tools::run(argc, argv, ami::tools::Test::atomic_bw); }

@@ -1,0 +1,36 @@
+// ami/atomic.hpp — the operations and word types of a remote atomic
+// (Context::atomic, AtomicParams; docs/DESIGN.md, "Remote atomics").
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ami {
+
+// What an atomic does to the word w at the target, given operand v (and
+// compare c): every op but add returns w's old value.
+enum class AtomicOp : std::uint8_t {
+  fetch_add,     // w += v
+  add,           // w += v; no result
+  swap,          // w = v
+  compare_swap,  // if (w == c) w = v; the old value says whether it did
+  fetch_and,     // w &= v
+  fetch_or,      // w |= v
+  fetch_xor,     // w ^= v
+};
+inline constexpr std::uint8_t kLastAtomicOp = static_cast<std::uint8_t>(AtomicOp::fetch_xor);
+
+// The word: 32 or 64 bits, unsigned or signed. Arithmetic wraps around in
+// two's complement either way, so signedness changes no bit of the result;
+// it is named so that a caller says what the word holds. Operands and
+// results travel as 64-bit words: a 32-bit op uses the low 32 bits of
+// operand and compare, and writes 4 bytes of result.
+enum class AtomicType : std::uint8_t { u32, i32, u64, i64 };
+inline constexpr std::uint8_t kLastAtomicType = static_cast<std::uint8_t>(AtomicType::i64);
+
+constexpr std::size_t width_of(AtomicType t) {
+  return t == AtomicType::u32 || t == AtomicType::i32 ? 4 : 8;
+}
+constexpr bool returns_old(AtomicOp op) { return op != AtomicOp::add; }
+
+}  // namespace ami
