@@ -119,6 +119,23 @@ bool ShmDevice::maps_region(const ShmLane& lane, const RemoteKey& key) {
 // process's mapping of the same pages, which the owner's engine and every
 // other mapping peer use too. Done at once, as a mapped PUT is.
 void ShmDevice::atomic_mapped(ShmLane& lane, std::uint64_t n, const device::AtomicDescriptor& a) {
+  const Status s = atomic_on_mapping(lane, a);
+  if (!s.ok()) lane.fifo().fail_one(n, s);
+}
+
+// One look at the mapping instead of offloads_atomic()'s and then the op's:
+// a region this lane does not map is not_supported (the engine then posts
+// the atomic as a message, the path offloads_atomic() gives it too).
+Status ShmLane::atomic_in_place(const device::AtomicDescriptor& a) {
+  static constexpr Status kNotMapped{StatusCode::not_supported, "shm: the region is not mapped here"};
+  std::uint32_t shared_fd = 0;
+  if (!failure_.ok() || !decode_entry(a.remote.entry(device_.domain_.key_id()), shared_fd) || shared_fd == 0)
+    return kNotMapped;
+  const Status s = device_.atomic_on_mapping(*this, a);
+  return s == StatusCode::unreachable ? kNotMapped : s;
+}
+
+Status ShmDevice::atomic_on_mapping(ShmLane& lane, const device::AtomicDescriptor& a) {
   const std::size_t width = width_of(a.type);
   std::uint32_t shared_fd = 0;
   std::byte* word = nullptr;
@@ -129,12 +146,10 @@ void ShmDevice::atomic_mapped(ShmLane& lane, std::uint64_t n, const device::Atom
   // again: the op cannot go another way now without mixing paths.)
   if (s.ok() && reinterpret_cast<std::uintptr_t>(word) % width != 0)
     s = {StatusCode::invalid_argument, "atomic: the remote address is misaligned for its width"};
-  if (!s.ok()) {
-    lane.fifo().fail_one(n, s);
-    return;
-  }
+  if (!s.ok()) return s;
   const std::uint64_t old = device::cpu_atomic(a.op, a.type, word, a.operand, a.compare);
   if (a.result != nullptr) std::memcpy(a.result, &old, width);
+  return Status::success();
 }
 
 ShmDevice::Step ShmDevice::rdma_cma(ShmLane& lane, std::uint64_t n) {

@@ -166,6 +166,77 @@ TEST_CASE_TEMPLATE("atomics: every op, width and signedness returns the old valu
   }
 }
 
+// atomic_now(): done in the call where the origin's own CPU reaches the
+// word (self; shm on an allocated region) and nothing is outstanding to
+// the peer; elsewhere posted as atomic() would be, its done reporting it.
+// Mixed with atomic() on one word, every increment counts once.
+TEST_CASE_TEMPLATE("atomics: atomic_now completes in the call where the CPU reaches the word, else posts", P,
+                   BACKENDS) {
+  P pair(Config{});
+  Context &a = pair.a(), &b = pair.b();
+  const std::string backend = P::kBackend;
+  for (bool allocated : {true, false}) {
+    CAPTURE(allocated);
+    const bool in_place = backend == "self" || (backend == "shm" && allocated);
+    Region region(pair.client_b(), allocated, 64);
+    const RemoteKey key = region.memory.remote_key();
+    std::uint64_t result = 99;
+    Counter done;
+    const Status first = a.atomic_now({.dest = pair.to_b(), .op = AtomicOp::fetch_add, .type = AtomicType::u64,
+                                       .remote = key, .operand = 5, .result = &result, .done = done.cb()});
+    if (in_place) {
+      REQUIRE(first.ok());
+      CHECK(result == 0);
+      CHECK(load(region.at(0), 8) == 5);
+    } else {
+      REQUIRE(first == StatusCode::in_progress);
+      advance_until(a, b, [&] { return done.calls == 1; });
+      CHECK(done.last.ok());
+      CHECK(result == 0);
+    }
+    for (int i = 0; i < 50; ++i) (void)a.advance(), (void)b.advance();
+    CHECK(done.calls == (in_place ? 0 : 1));  // done runs only for one posted
+    // Behind an atomic() still outstanding, atomic_now posts too (it would
+    // overtake it), and the two land in order.
+    std::uint64_t r1 = 0, r2 = 0;
+    Counter d1, d2;
+    REQUIRE(a.atomic({.dest = pair.to_b(), .op = AtomicOp::swap, .type = AtomicType::u64, .remote = key,
+                      .operand = 100, .result = &r1, .done = d1.cb()})
+                .ok());
+    const Status second = a.atomic_now({.dest = pair.to_b(), .op = AtomicOp::fetch_add, .type = AtomicType::u64,
+                                        .remote = key, .operand = 1, .result = &r2, .done = d2.cb()});
+    REQUIRE(second == StatusCode::in_progress);
+    advance_until(a, b, [&] { return d1.calls == 1 && d2.calls == 1; });
+    CHECK(r1 == 5);
+    CHECK(r2 == 100);
+    CHECK(load(region.at(0), 8) == 101);
+    // Refusals are atomic()'s, in the call.
+    CHECK(a.atomic_now({.dest = pair.to_b(), .op = AtomicOp::fetch_add, .type = AtomicType::u64, .remote = key,
+                        .remote_offset = 4, .operand = 1, .result = &r2})
+              .code() == StatusCode::invalid_argument);
+    // Many, both ways at once: each increment counts once.
+    constexpr int kEach = 2000;
+    int posted_done = 0, now_done = 0;
+    std::uint64_t sink = 0;
+    auto on = [](void* n, Status st) { *static_cast<int*>(n) += st.ok() ? 1 : 1000000; };
+    for (int i = 0; i < kEach; ++i) {
+      Status s = a.atomic_now({.dest = pair.to_b(), .op = AtomicOp::fetch_add, .type = AtomicType::u64,
+                               .remote = key, .operand = 1, .result = &sink, .done = {on, &now_done}});
+      if (s.ok()) ++now_done;
+      else REQUIRE(s == StatusCode::in_progress);
+      while (!(s = b.atomic({.dest = pair.to_b(), .op = AtomicOp::add, .type = AtomicType::u64, .remote = key,
+                             .operand = 1, .done = {on, &posted_done}}))
+                  .ok()) {
+        REQUIRE(s == StatusCode::no_resource);
+        (void)a.advance(), (void)b.advance();
+      }
+      (void)a.advance(), (void)b.advance();
+    }
+    advance_until(a, b, [&] { return now_done == kEach && posted_done == kEach; });
+    CHECK(load(region.at(0), 8) == 101 + 2 * kEach);
+  }
+}
+
 TEST_CASE_TEMPLATE("atomics: both contexts increment one counter 10,000 times each, by their own paths", P,
                    BACKENDS) {
   // a reaches b's word through the backend; b (its owner) through its own

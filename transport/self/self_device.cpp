@@ -55,7 +55,7 @@ device::Lane* SelfDevice::lane(Endpoint peer) {
   if (!can_reach(peer)) return nullptr;
   auto& l = lanes_[peer.context];
   if (!l)
-    l = std::make_unique<SelfLane>(peer, fifo_depth_, domain_.queue(peer.context).max_data());
+    l = std::make_unique<SelfLane>(*this, peer, fifo_depth_, domain_.queue(peer.context).max_data());
   return l.get();
 }
 
@@ -102,17 +102,22 @@ bool SelfDevice::rdma(SelfLane& lane, std::uint64_t n, const device::RdmaDescrip
 }
 
 void SelfDevice::atomic(SelfLane& lane, std::uint64_t n, const device::AtomicDescriptor& a) {
+  const Status s = atomic_on(a);
+  if (!s.ok()) lane.fifo().fail_one(n, s);
+}
+
+Status SelfLane::atomic_in_place(const device::AtomicDescriptor& a) { return device_.atomic_on(a); }
+
+Status SelfDevice::atomic_on(const device::AtomicDescriptor& a) {
   const std::size_t width = width_of(a.type);
   std::byte* word = nullptr;
   Status s = domain_.regions().check(a.remote, a.remote_address, width, word);
   if (s.ok() && a.remote_address % width != 0)
     s = {StatusCode::invalid_argument, "atomic: the remote address is misaligned for its width"};
-  if (!s.ok()) {
-    lane.fifo().fail_one(n, s);
-    return;
-  }
+  if (!s.ok()) return s;
   const std::uint64_t old = device::cpu_atomic(a.op, a.type, word, a.operand, a.compare);
   if (a.result != nullptr) std::memcpy(a.result, &old, width);  // (little-endian: the low bytes)
+  return Status::success();
 }
 
 std::size_t SelfDevice::drain_lane(SelfLane& lane) {

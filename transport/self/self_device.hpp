@@ -50,10 +50,12 @@ class SelfDomain {
   std::vector<int> wake_fds_;           // their descriptors
 };
 
+class SelfDevice;
+
 class SelfLane final : public device::Lane {
  public:
-  SelfLane(Endpoint peer, std::uint32_t fifo_depth, std::size_t max_packet)
-      : Lane(peer, fifo_depth), max_packet_(max_packet) {}
+  SelfLane(SelfDevice& device, Endpoint peer, std::uint32_t fifo_depth, std::size_t max_packet)
+      : Lane(peer, fifo_depth), device_(device), max_packet_(max_packet) {}
   std::size_t max_packet() const override { return max_packet_; }
   // A GET is one memcpy against an eager packet's two (into the queue, out
   // of it) and a dispatch per packet.
@@ -63,9 +65,11 @@ class SelfLane final : public device::Lane {
   // with the CPU, as the owner's engine would (docs/DESIGN.md, "Remote
   // atomics").
   bool offloads_atomic(const RemoteKey&) override { return true; }
+  Status atomic_in_place(const device::AtomicDescriptor& a) override;
 
  private:
   friend class SelfDevice;
+  SelfDevice& device_;
   std::size_t max_packet_;
   Status failure_;         // set by SelfDevice::fail_lane
   bool reported_ = false;  // the sink has been told
@@ -99,11 +103,13 @@ class SelfDevice final : public device::Device {
   void fail_lane(std::uint16_t target, Status why);
 
  private:
+  friend class SelfLane;
   std::size_t drain_lane(SelfLane& lane);
   bool execute(SelfLane& lane, std::uint64_t n);
   bool deliver(SelfLane& lane, const device::PacketDescriptor& p);
   bool rdma(SelfLane& lane, std::uint64_t n, const device::RdmaDescriptor& x, bool put);
   void atomic(SelfLane& lane, std::uint64_t n, const device::AtomicDescriptor& a);
+  Status atomic_on(const device::AtomicDescriptor& a);
 
   SelfDomain& domain_;
   std::uint16_t context_;

@@ -263,6 +263,14 @@ Status Context::atomic(const AtomicParams& params) {
   return impl_->engine.atomic(params);
 }
 
+Status Context::atomic_now(const AtomicParams& params) {
+  if (in_forked_child(fork_generation_)) return kForkedChild<"atomic_now">;
+  if (!impl_) return kRetired;
+  Status s = check_atomic(client(), params);
+  if (!s.ok()) return s;
+  return impl_->engine.atomic_now(params);
+}
+
 std::size_t Context::advance(std::size_t max_loops) {
   // In a forked child the rings are the parent's: taking from them here
   // would hand the parent's arrivals to the child as well.

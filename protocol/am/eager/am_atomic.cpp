@@ -60,6 +60,29 @@ Status AmEngine::atomic(const AtomicParams& p) {
   return Status::success();
 }
 
+// In the call, where the lane's device reaches the word itself and nothing
+// is outstanding to the peer (so it overtakes nothing of this context's);
+// else as atomic() would, and its callback reports it.
+Status AmEngine::atomic_now(const AtomicParams& p) {
+  Peer* peer = peer_for(p.dest);
+  if (peer != nullptr && peer->failure.ok() && lane_for(*peer) != nullptr && peer->state->head == nullptr) {
+    device::Lane& lane = *peer->lane;
+    auto& fifo = lane.fifo();
+    if (fifo.injected() == fifo.counter().snapshot() && fifo.pending_callbacks() == 0) {
+      const device::AtomicDescriptor a{.op = p.op, .type = p.type, .operand = p.operand, .compare = p.compare,
+                                       .result = returns_old(p.op) ? p.result : nullptr,
+                                       .remote_address = p.remote.address + p.remote_offset, .remote = p.remote};
+      // (not_supported: the lane does not reach the word itself, and
+      // offloads_atomic() says the same: a message it is.)
+      const Status s = lane.atomic_in_place(a);
+      if (s.ok()) ++stats_.atomics;
+      if (s != StatusCode::not_supported) return s;
+    }
+  }
+  const Status s = atomic(p);
+  return s.ok() ? Status{StatusCode::in_progress, "atomic_now: posted; done reports it"} : s;
+}
+
 // As a descriptor (the device does it) or as a packet (the target's engine).
 bool AmEngine::inject_atomic(Peer& peer, Request& r) {
   device::Lane& lane = *peer.lane;

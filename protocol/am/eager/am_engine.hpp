@@ -130,6 +130,8 @@ class AmEngine final : public device::PacketSink {
               const LocalKeys& local_keys);
   // p is checked (Context::atomic); am_atomic.cpp.
   Status atomic(const AtomicParams& p);
+  // ok: done in the call; in_progress: posted as atomic() posts it.
+  Status atomic_now(const AtomicParams& p);
 
   std::size_t immediate_limit(Endpoint dest);
   // Acks this context sent to dest's origin, and messages they covered.

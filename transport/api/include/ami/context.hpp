@@ -125,6 +125,14 @@ class Context {
   // to dest covers the atomics posted before it: its done runs after theirs
   // and after each was done at the target.
   Status atomic(const AtomicParams& params);
+  // The same atomic, done in the call where this context's own CPU reaches
+  // the word (self; shm on a peer's allocate_memory() region) and nothing
+  // posted to dest is still outstanding, so it overtakes nothing: returns
+  // ok, the old value is in *result, and done is not called. Elsewhere it
+  // posts the atomic as atomic() does and returns in_progress: done runs
+  // later. The same refusals as atomic(), and the same atomicity (it takes
+  // the path atomic() would). As UCX's ucp_atomic_op_nbx completes in place.
+  Status atomic_now(const AtomicParams& params);
 
   // Deterministic fence (docs/DESIGN.md, method 3): done runs once every send,
   // PUT, GET and atomic this context posted to dest before the call is

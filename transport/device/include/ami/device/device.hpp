@@ -84,6 +84,16 @@ class Lane {
     (void)key;
     return false;
   }
+  // The same atomic done in the call, for Context::atomic_now(): asked only
+  // when nothing is outstanding on the lane, so it overtakes nothing.
+  // Returns not_supported exactly where offloads_atomic(a.remote) says no
+  // (the engine then sends it as a message); otherwise the verdict: ok,
+  // with the old value in a.result, or why the word was refused (as the
+  // descriptor would have failed).
+  virtual Status atomic_in_place(const AtomicDescriptor& a) {
+    (void)a;
+    return {StatusCode::not_supported, "atomic: this lane does no atomic itself"};
+  }
   // Doorbell: descriptors up to fifo().injected() are committed. A device
   // may hold back all but the first since its last progress() or flush(),
   // to post them in one batch; flush() posts them.
