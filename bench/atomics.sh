@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# bench/atomics.sh — remote atomics (docs/DESIGN.md, "Remote atomics"):
+# ami_atomic_lat and ami_atomic_bw against their peers on the same path,
+# interleaved rounds, medians, ratios.
+#
+# On this host (default): a 64-bit fetch-and-add and compare-and-swap on
+# a peer's word over shared memory, ami (--local: an allocate_memory()
+# region the client maps, so the op is its own CPU's, done in the call by
+# atomic_now()) against ucx_perftest -t ucp_fadd / ucp_cswap with
+# UCX_TLS=sm (UCX's CPU atomics on its mapped segment, completed in place
+# by ucp_atomic_op_nbx). Latency: ami's t_typical (its JSON report, to the
+# nanosecond) against UCX's 50th percentile, one operation each; rate: ami's
+# MsgRate with -o OUTSTANDING in flight against UCX's overall message rate
+# (ucx_perftest posts back to back).
+#
+# --rxe: in one soft-RoCE VM boot (tests/rxe/ami-vm), ami over verbs
+# against perftest's ib_atomic_lat and ib_atomic_bw (-A FETCH_AND_ADD and
+# CMP_AND_SWAP, the same -o) on rxe0. ami's atomics over verbs go as
+# messages its target's engine executes (docs/DESIGN.md says why not yet by
+# the NIC); perftest's are the NIC's (rxe: the kernel's).
+#
+# Targets (issue text): on shm latency <= 1.10x and rate >= 0.95x UCX's;
+# on rxe latency <= 1.10x and rate >= 0.95x perftest's.
+#
+# Written to OUT_DIR: atomics.txt (or atomics_rxe.txt) and a .dat of the
+# rounds; bench/plot.sh draws the .dat when gnuplot is present.
+#
+# usage: bench/atomics.sh [--rxe] [build-dir]
+#        ROUNDS=5 ITERS=100000 OUTSTANDING=16 OUT_DIR=<build-dir>/bench-results
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RXE=0
+if [[ ${1:-} == --rxe ]]; then
+  RXE=1
+  shift
+fi
+BUILD=${1:-build}
+OUT_DIR=${OUT_DIR:-$BUILD/bench-results}
+ROUNDS=${ROUNDS:-5}
+ITERS=${ITERS:-100000}
+OUTSTANDING=${OUTSTANDING:-16}
+PORT=${PORT:-19700}
+RUN_TIMEOUT=300
+OPS=(FETCH_AND_ADD CMP_AND_SWAP)
+
+median() { sort -g | awk '{v[NR] = $1} END {if (NR == 0) print "nan"; else print v[int((NR + 1) / 2)]}'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.3f", a / b; else print "n/a" }'; }
+declare -A samples
+add() { [[ -n $2 ]] && samples[$1]+="$2"$'\n'; return 0; }
+med() { printf '%s' "${samples[$1]:-}" | median; }
+last() { printf '%s' "${samples[$1]:-}" | tail -1; }
+JSON=$(mktemp)
+trap 'rm -f "$JSON"' EXIT
+
+# ami TOOL ARGS... -> the figure of its 8-byte row: t_typical (lat, from
+# the JSON report) or the message rate in Mops/s (bw)
+ami() {
+  local tool=$1 out
+  shift
+  rm -f "$JSON"
+  out=$(timeout "$RUN_TIMEOUT" "$BUILD/tools/$tool" -p "$PORT" --out_json --out_json_file="$JSON" "$@" 2>&1) ||
+    echo "$tool $* failed: $(tail -3 <<<"$out")" >&2
+  PORT=$((PORT + 1))
+  if [[ $tool == *_lat ]]; then
+    python3 -c 'import json, sys
+for r in json.load(open(sys.argv[1]))["results"]:
+    if r["bytes"] == 8: print("%.4f" % r["t_typical"])' "$JSON" 2>/dev/null ||
+      awk '$1 == 8 && NF >= 5 {print $5}' <<<"$out"
+  else
+    awk '$1 == 8 && NF >= 5 {print $5}' <<<"$out"
+  fi
+}
+
+# ---- on the host ---------------------------------------------------------------
+
+ensure_ucx() {
+  command -v ucx_perftest >/dev/null && return 0
+  local sudo=""
+  [[ $(id -u) -ne 0 ]] && sudo=sudo
+  echo "# installing ucx-utils (ucx_perftest)" >&2
+  $sudo apt-get install -y -qq --no-install-recommends ucx-utils >/dev/null 2>&1 ||
+    { $sudo apt-get update -qq && $sudo apt-get install -y -qq --no-install-recommends ucx-utils >/dev/null; }
+}
+
+# ucx TEST -> "p50_usec msg_per_s" of ucx_perftest's one-line (-f) report
+ucx() {
+  local test=$1 out spid
+  UCX_TLS=sm timeout "$RUN_TIMEOUT" ucx_perftest -t "$test" -n "$ITERS" -w 1000 -p "$PORT" -c 0 -f \
+    >/dev/null 2>&1 &
+  spid=$!
+  sleep 0.5
+  out=$(UCX_TLS=sm timeout "$RUN_TIMEOUT" ucx_perftest -t "$test" -n "$ITERS" -w 1000 -p "$PORT" -c 1 -f \
+        localhost 2>&1) || echo "ucx_perftest -t $test failed: $(tail -3 <<<"$out")" >&2
+  wait "$spid" || true
+  PORT=$((PORT + 1))
+  # iterations, 50th percentile, average, overall [usec], bandwidth avg and
+  # overall, message rate avg and overall
+  awk '$1 ~ /^[0-9]+$/ && NF >= 8 {print $2, $8; exit}' <<<"$out"
+}
+
+host_main() {
+  [[ -f "$BUILD/build.ninja" ]] || meson setup "$BUILD" >/dev/null
+  meson compile -C "$BUILD" tools/ami_atomic_lat tools/ami_atomic_bw >/dev/null
+  ensure_ucx
+  mkdir -p "$OUT_DIR"
+  local txt=$OUT_DIR/atomics.txt dat=$OUT_DIR/atomics.dat r op u
+  {
+    echo "# 64-bit atomics on a peer's word over shared memory, both sides pinned by the tools;"
+    echo "# $ROUNDS interleaved rounds of $ITERS; latency [usec] one op, rate [Mops/s] with -o $OUTSTANDING"
+    echo "round op ami_lat ucx_lat ami_rate ucx_rate" >"$dat"
+    for ((r = 1; r <= ROUNDS; r++)); do
+      for op in "${OPS[@]}"; do
+        local t=ucp_fadd
+        [[ $op == CMP_AND_SWAP ]] && t=ucp_cswap
+        add "ami_lat_$op" "$(ami ami_atomic_lat --local -A "$op" -n "$ITERS")"
+        read -r ul ur <<<"$(ucx "$t")"
+        add "ucx_lat_$op" "$ul"
+        add "ucx_rate_$op" "$(awk -v r="$ur" 'BEGIN { if (r + 0 > 0) printf "%.3f", r / 1e6 }')"
+        add "ami_rate_$op" "$(ami ami_atomic_bw --local -A "$op" -o "$OUTSTANDING" -n "$((ITERS * 10))")"
+        echo "# round $r $op: ami $(last "ami_lat_$op") us, $(last "ami_rate_$op") Mops/s;" \
+          "ucx ($t) $(last "ucx_lat_$op") us, $(last "ucx_rate_$op") Mops/s"
+        echo "$r $op $(last "ami_lat_$op") $(last "ucx_lat_$op") $(last "ami_rate_$op") $(last "ucx_rate_$op")" >>"$dat"
+      done
+    done
+    printf '%-28s %10s %10s %9s   %s\n' measure ami ucx ami/ucx target
+    for op in "${OPS[@]}"; do
+      local al ul ar ur
+      al=$(med "ami_lat_$op") ul=$(med "ucx_lat_$op") ar=$(med "ami_rate_$op") ur=$(med "ucx_rate_$op")
+      printf '%-28s %10s %10s %9s   %s\n' "$op latency [usec]" "$al" "$ul" "$(ratio "$al" "$ul")" "<=1.10"
+      printf '%-28s %10s %10s %9s   %s\n' "$op rate [Mops/s]" "$ar" "$ur" "$(ratio "$ar" "$ur")" ">=0.95"
+    done
+  } | tee "$txt"
+}
+
+# ---- --rxe: on the host, then in the VM -----------------------------------------
+
+rxe_host_main() {
+  [[ -f "$BUILD/build.ninja" ]] || meson setup "$BUILD" >/dev/null
+  meson compile -C "$BUILD" tools/ami_atomic_lat tools/ami_atomic_bw >/dev/null
+  local build
+  build=$(cd "$BUILD" && pwd)
+  mkdir -p "$OUT_DIR"
+  # The VM passes only AMI_* variables on: the settings go as arguments.
+  tests/rxe/ami-vm --timeout 3000 --share "$PWD" --share "$build" -- "$PWD/bench/atomics.sh" --rxe-vm "$build" \
+    "$ROUNDS" "$ITERS" "$OUTSTANDING" | tee "$OUT_DIR/atomics_rxe.txt"
+}
+
+rxe_vm_main() {
+  BUILD=$1 ROUNDS=$2 ITERS=$3 OUTSTANDING=$4
+  local device=${AMI_NET_DEVICES:-rxe0:1} r op out=/tmp/bench-atomics
+  device=${device%%:*}
+  . tests/rxe/perftest_pair.sh
+  ib() {  # ib TOOL ARGS... -> t_typical (lat) or MsgRate (bw) of its 8-byte row
+    perftest_pair "$out" "$PORT" "$RUN_TIMEOUT" "$@" -d "$device" -x "$RXE_GID_INDEX" -F ||
+      echo "$* failed: $(tail -1 "$out.client")" >&2
+    PORT=$((PORT + 3))
+    awk '$1 == 8 && NF >= 5 {print $5}' "$out.client"
+  }
+  amiv() {  # amiv TOOL ARGS...: both sides in this VM (--local), over verbs on rxe0
+    local tool=$1
+    shift
+    AMI_VERBS_CM=off ami "$tool" --local -d "$device" -x "$RXE_GID_INDEX" "$@"
+  }
+  echo "# 64-bit atomics over $device (soft-RoCE in a TCG VM), $ROUNDS interleaved rounds of $ITERS;"
+  echo "# latency t_typical [usec], rate [Mpps] with -o $OUTSTANDING; ami by message, perftest by the (soft) NIC"
+  for ((r = 1; r <= ROUNDS; r++)); do
+    for op in "${OPS[@]}"; do
+      add "ami_lat_$op" "$(amiv ami_atomic_lat -A "$op" -n "$ITERS")"
+      add "ib_lat_$op" "$(ib ib_atomic_lat -A "$op" -n "$ITERS")"
+      add "ami_rate_$op" "$(amiv ami_atomic_bw -A "$op" -o "$OUTSTANDING" -n "$ITERS")"
+      add "ib_rate_$op" "$(ib ib_atomic_bw -A "$op" -o "$OUTSTANDING" -n "$ITERS")"
+      echo "# round $r $op: ami $(last "ami_lat_$op") us, $(last "ami_rate_$op") Mpps;" \
+        "perftest $(last "ib_lat_$op") us, $(last "ib_rate_$op") Mpps"
+    done
+  done
+  printf '%-28s %10s %10s %9s   %s\n' measure ami perftest ami/ib target
+  for op in "${OPS[@]}"; do
+    local al il ar ir
+    al=$(med "ami_lat_$op") il=$(med "ib_lat_$op") ar=$(med "ami_rate_$op") ir=$(med "ib_rate_$op")
+    printf '%-28s %10s %10s %9s   %s\n' "$op latency [usec]" "$al" "$il" "$(ratio "$al" "$il")" "<=1.10"
+    printf '%-28s %10s %10s %9s   %s\n' "$op rate [Mpps]" "$ar" "$ir" "$(ratio "$ar" "$ir")" ">=0.95"
+  done
+}
+
+if [[ $RXE == 1 ]]; then
+  rxe_host_main
+elif [[ ${1:-} == --rxe-vm ]]; then
+  shift
+  rxe_vm_main "$@"
+else
+  host_main
+fi
