@@ -58,14 +58,7 @@ SIZE=8
 PORT=${PORT:-19300}
 RUN_TIMEOUT=300
 
-median() { sort -g | awk '{v[NR] = $1} END {if (NR == 0) print "nan"; else print v[int((NR + 1) / 2)]}'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.3f", a / b; else print "n/a" }'; }
-
-declare -A samples
-add() { [[ -n $2 ]] && samples[$1]+="$2"$'\n'; return 0; }
-med() { printf '%s' "${samples[$1]:-}" | median; }
-# last SERIES: the figure the current round added (for the .dat rows)
-last() { printf '%s' "${samples[$1]:-}" | tail -1; }
+. bench/rounds.sh
 
 # "${counted[@]}" FILE CMD...: runs CMD; writes to FILE the voluntary
 # context switches of the processes it ran and waited for (their sleeps)
@@ -115,15 +108,6 @@ for r in json.load(open(sys.argv[1]))["results"]:
 }
 
 # ---- on the host --------------------------------------------------------------
-
-ensure_ucx() {
-  command -v ucx_perftest >/dev/null && return 0
-  local sudo=""
-  [[ $(id -u) -ne 0 ]] && sudo=sudo
-  echo "# installing ucx-utils (ucx_perftest)" >&2
-  $sudo apt-get install -y -qq --no-install-recommends ucx-utils >/dev/null 2>&1 ||
-    { $sudo apt-get update -qq && $sudo apt-get install -y -qq --no-install-recommends ucx-utils >/dev/null; }
-}
 
 # ucx_lat MODE -> UCX's 50th percentile, one way, over shared memory; both
 # sides' sleeps in $CS/ucx.*
