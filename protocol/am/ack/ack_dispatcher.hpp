@@ -85,17 +85,20 @@ class AckDispatcher {
   unsigned max_unacked() const { return window_; }
 
   // Message seq from o's peer is done here with outcome flags.
-  // Acknowledged at once when the threshold is 0 or the peer's window is
-  // full. emit(peer, Range) sends an ack.
+  // Acknowledged at once when the threshold is 0, the peer's window is
+  // full, or the message is urgent (a fence: its sender waits on the
+  // answer, and a peer sending without a pause would otherwise hold it back
+  // until the window fills), together with what o's queue holds before it.
+  // emit(peer, Range) sends an ack.
   template <typename Emit>
-  void complete(Origin& o, std::uint64_t seq, std::uint16_t flags, Emit&& emit) {
+  void complete(Origin& o, std::uint64_t seq, std::uint16_t flags, Emit&& emit, bool urgent = false) {
     if (!o.listed_) {
       o.listed_ = true;
       waiting_.push_back(&o);
     }
     o.active_.push_back(Entry{seq, flags});
     ++unacked_;
-    if (threshold_ == 0 || o.active_.size() >= window_) flush(o, emit);
+    if (threshold_ == 0 || urgent || o.active_.size() >= window_) flush(o, emit);
   }
 
   // Once per advance of the context. arrivals: the context's count of

@@ -392,7 +392,8 @@ class AmEngine final : public device::PacketSink {
   void answer(Request& r, std::uint16_t flags);
   void complete_rx(Peer& peer, Status s);
   // Hands a message that wants an answer to the ack dispatcher.
-  void ack(Peer& peer, std::uint64_t ack_seq, std::uint16_t flags, bool remote_done);
+  // urgent: answered now, with what the peer's queue holds (a fence).
+  void ack(Peer& peer, std::uint64_t ack_seq, std::uint16_t flags, bool remote_done, bool urgent = false);
   void emit_ack(std::uint32_t peer, const AckDispatcher::Range& range);
   // Sender: r's first packet (or fence) goes out now and wants an answer.
   std::uint64_t expect_answer(Peer& peer, Request& r);

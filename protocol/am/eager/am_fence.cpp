@@ -4,7 +4,8 @@
 // operation posted to that peer before it. On a lane that delivers in order
 // it is a packet: the target handles it after every earlier packet and the
 // data of every earlier PUT (an RC send queue and a ring both place in
-// order), runs its fence handler and answers with an ack. An RDMA READ may
+// order), runs its fence handler and answers with an ack at once (with the
+// acks the dispatcher held for that origin: docs/DESIGN.md, method 4). An RDMA READ may
 // be overtaken by a later SEND on RC, so the packet waits until the lane's
 // transfer counter has passed the newest GET. A lane that may reorder is
 // flushed instead: the fence completes once its transfer counter passed
@@ -87,7 +88,7 @@ bool AmEngine::inject_fence(Peer& peer, Request& r) {
 void AmEngine::on_fence(Peer& peer, const wire::PacketView& v) {
   ++stats_.fences_answered;
   if (fence_handler_.fn != nullptr) fence_handler_.fn(fence_handler_.cookie, peer.state->endpoint);
-  ack(peer, v.header.offset, 0, false);
+  ack(peer, v.header.offset, 0, false, /*urgent*/ true);
 }
 
 }  // namespace ami::protocol

@@ -351,10 +351,11 @@ void AmEngine::complete_rx(Peer& peer, Status s) {
   if (rx.ack_seq != 0) ack(peer, rx.ack_seq, flags, rx.wants_remote_done);
 }
 
-void AmEngine::ack(Peer& peer, std::uint64_t ack_seq, std::uint16_t flags, bool remote_done) {
+void AmEngine::ack(Peer& peer, std::uint64_t ack_seq, std::uint16_t flags, bool remote_done, bool urgent) {
   if (remote_done) ++stats_.remote_done_sent;
-  acks_.complete(peer.state->acks, ack_seq, flags,
-                 [this](std::uint32_t p, const AckDispatcher::Range& r) { emit_ack(p, r); });
+  acks_.complete(
+      peer.state->acks, ack_seq, flags, [this](std::uint32_t p, const AckDispatcher::Range& r) { emit_ack(p, r); },
+      urgent);
 }
 
 void AmEngine::emit_ack(std::uint32_t p, const AckDispatcher::Range& range) {
