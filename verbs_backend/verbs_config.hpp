@@ -48,9 +48,10 @@ inline constexpr ParamSpec kParams[] = {
      "the packet)."},
     {"AMI_VERBS_TIMEOUT", "14", ParamType::unsigned_int, 1, 31,
      "RC local ACK timeout: 4.096 us x 2^value before a send is retried (14: 67 ms)."},
-    {"AMI_VERBS_RETRY_COUNT", "6", ParamType::unsigned_int, 0, 6,
+    {"AMI_VERBS_RETRY_COUNT", "6", ParamType::unsigned_int, 0, 7,
      "RC transport retries before a lane fails (with AMI_VERBS_TIMEOUT: how long a peer may stay "
-     "silent). At most 6: soft-RoCE takes 7 as retry forever, and a dead peer would never be found."},
+     "silent). 7 is 7 tries on a NIC, but soft-RoCE takes it as retry for ever: its lanes then never "
+     "fail a dead peer, and only the bootstrap's connection watch finds it (so 6 by default)."},
     // At least 512: a receive buffer must hold a descriptor's inline bytes (320).
     {"AMI_VERBS_BOUNCE_SIZE", "auto", ParamType::power_of_two, 512, 1u << 20,
      "Bytes per receive buffer, so the largest packet over verbs: auto (8 KiB on a NIC; 128 KiB "

@@ -71,9 +71,10 @@ struct VerbsOptions {
   // rdma_cm: for all lanes to one peer; handshake: for one lane, from its
   // first request (retried with back-off) to the peer's answer.
   std::uint32_t connect_timeout_ms = Param("AMI_VERBS_CONNECT_TIMEOUT").default_as<std::uint32_t>();
-  // Transport retries before IBV_WC_RETRY_EXC_ERR. Not 7: soft-RoCE takes 7
-  // as "retry forever" (as the spec has it for rnr_retry only), so a dead
-  // peer would never fail its lane there; 6 x 67 ms finds one in about 0.5 s.
+  // Transport retries before IBV_WC_RETRY_EXC_ERR. 6 by default: soft-RoCE
+  // takes 7 as "retry forever" (as the spec has it for rnr_retry only), so
+  // a dead peer would never fail its lane there; 6 x 67 ms finds one in
+  // about 0.5 s.
   std::uint8_t retry_count = Param("AMI_VERBS_RETRY_COUNT").default_as<std::uint8_t>();
   std::uint8_t rnr_retry = 7;                // 7: retry forever while the peer's SRQ is empty
   // Local ACK timeout, 4.096 us * 2^timeout.
