@@ -41,7 +41,8 @@ OfiOptions OfiOptions::from(const Config& c) {
   o.staging = static_cast<std::uint32_t>(c.number(Param("AMI_OFI_STAGING")));
   o.cq_size = static_cast<std::uint32_t>(c.number(Param("AMI_OFI_CQ_SIZE")));
   o.timeout_ms = static_cast<std::uint32_t>(c.number(Param("AMI_OFI_TIMEOUT")));
-  if (auto wait = c.number_or_auto(Param("AMI_OFI_WAIT"))) o.wait = *wait != 0;
+  const auto wait = c.number_or_auto(Param("AMI_OFI_WAIT"));  // (nullopt: auto)
+  o.wait = wait ? std::optional<bool>(*wait != 0) : std::nullopt;
   return o;
 }
 

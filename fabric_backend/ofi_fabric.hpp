@@ -70,7 +70,7 @@ struct OfiOptions {
   std::uint32_t staging = 256;
   std::uint32_t cq_size = 16384;
   std::uint32_t timeout_ms = 30000;
-  std::optional<bool> wait;  // a CQ to sleep on; nullopt: where the provider has one
+  std::optional<bool> wait = false;  // a CQ to sleep on; nullopt: where the provider has one (AMI_OFI_WAIT)
 
   static OfiOptions from(const Config& config);
 };
