@@ -10,9 +10,10 @@
 // once; large data (1 MiB) that goes by the rendezvous and arrives before
 // its call; a stale sequence number.
 //
-// Built twice: as test_collectives (shm), and with AMI_TEST_VERBS as
-// test_collectives_verbs, which runs the job cases at 2 processes over
-// verbs (AMI_BACKENDS=self,verbs) in the soft-RoCE VM.
+// Built once, run on each backend AMI_TEST_BACKEND names
+// (backend_under_test.hpp): shm, the default, with every job size and the
+// cases that need no job; ofi at 2, 3 and 4 processes; verbs at 2, in the
+// soft-RoCE VM.
 #include <doctest/doctest.h>
 
 #include <sched.h>
@@ -30,6 +31,7 @@
 #include <vector>
 
 #include "ami/ami.hpp"
+#include "backend_under_test.hpp"
 #include "jobs.hpp"
 #include "combine.hpp"
 #include "members.hpp"
@@ -43,24 +45,17 @@ namespace {
 
 constexpr std::uint16_t kDispatch = 40;
 
-#if defined(AMI_TEST_VERBS)
-constexpr const char* kBackends = "self,verbs";
-const std::vector<std::uint32_t> kJobSizes = {2};
-#elif defined(AMI_TEST_OFI)
-// AMI_TEST_OFI: the libfabric provider, as AMI_OFI_PROVIDER names it.
-constexpr const char* kBackends = "self,ofi";
-const std::vector<std::uint32_t> kJobSizes = {2, 3, 4};
-#else
-constexpr const char* kBackends = "self,shm";
-const std::vector<std::uint32_t> kJobSizes = {1, 2, 3, 4, 5, 8};
-#endif
+const std::vector<std::uint32_t>& job_sizes() {
+  static const std::vector<std::uint32_t> sizes =
+      test::backend_under_test().name == "verbs" ? std::vector<std::uint32_t>{2}
+      : test::backend_under_test().is_default()  ? std::vector<std::uint32_t>{1, 2, 3, 4, 5, 8}
+                                                 : std::vector<std::uint32_t>{2, 3, 4};
+  return sizes;
+}
 
 Config job_config() {
   Config c;
-  REQUIRE(c.set("AMI_BACKENDS", kBackends).ok());
-#ifdef AMI_TEST_OFI
-  REQUIRE(c.set("AMI_OFI_PROVIDER", AMI_TEST_OFI).ok());
-#endif
+  test::backend_under_test().configure(c);
   return c;
 }
 
@@ -359,9 +354,9 @@ void check_job(std::uint32_t n, const Script& script, int seconds) {
 
 }  // namespace
 
-#if !defined(AMI_TEST_VERBS) && !defined(AMI_TEST_OFI)  // (backend-independent cases: once)
+// ---- the cases that need no job: once, in the default run ----
 
-TEST_CASE("topologies: every rank is reached once, partners agree") {
+TEST_CASE("topologies: every rank is reached once, partners agree" * test::any_backend()) {
   for (std::uint32_t n = 1; n <= 40; ++n) {
     CAPTURE(n);
     for (std::uint32_t root = 0; root < n; ++root) {
@@ -415,7 +410,7 @@ TEST_CASE("topologies: every rank is reached once, partners agree") {
   }
 }
 
-TEST_CASE("members: the world of 16,384 tasks keeps nothing; another geometry keeps its members, not the job") {
+TEST_CASE("members: the world of 16,384 tasks keeps nothing; another geometry keeps its members, not the job" * test::any_backend()) {
   constexpr std::uint32_t kJob = 16384;
   const coll::Members world = coll::Members::first(kJob);
   CHECK(world.bytes() == 0);
@@ -448,7 +443,7 @@ TEST_CASE("members: the world of 16,384 tasks keeps nothing; another geometry ke
   CHECK(agree);
 }
 
-TEST_CASE("kernels: every type and operator; pieces that split elements combine the same") {
+TEST_CASE("kernels: every type and operator; pieces that split elements combine the same" * test::any_backend()) {
   for (DataType t : kTypes)
     for (ReduceOp op : kOps) {
       CAPTURE(to_string(t));
@@ -487,7 +482,7 @@ TEST_CASE("kernels: every type and operator; pieces that split elements combine 
     }
 }
 
-TEST_CASE("the header: 16 bytes, decoded only when whole, with a known magic, kind, type and operator") {
+TEST_CASE("the header: 16 bytes, decoded only when whole, with a known magic, kind, type and operator" * test::any_backend()) {
   const coll::Header h{.kind = coll::Kind::allreduce, .type = DataType::float64, .op = ReduceOp::max, .ring = true,
                        .step = 3, .geometry = 7, .seq = 9, .root = 2};
   const coll::HeaderBytes b = coll::encode(h);
@@ -519,7 +514,7 @@ TEST_CASE("the header: 16 bytes, decoded only when whole, with a known magic, ki
   CHECK(coll::seq_diff(0xFFFFFFFFu, 1) < 0);
 }
 
-TEST_CASE("a job of one: arguments checked by name, done never inside the call, one of a kind in flight") {
+TEST_CASE("a job of one: arguments checked by name, done never inside the call, one of a kind in flight" * test::any_backend()) {
   Client client(ClientOptions{.name = "test", .contexts = 1, .job = {}, .config = Config{}});
   Context& c = client.context(0);
   Collectives coll(c, kDispatch);
@@ -568,17 +563,16 @@ TEST_CASE("a job of one: arguments checked by name, done never inside the call, 
   CHECK(got[1] == 6);
 }
 
-#endif  // !AMI_TEST_VERBS && !AMI_TEST_OFI
 
 TEST_CASE("every collective, type and operator at 1, 2, 3, 4, 5 and 8 processes, checked against a serial result") {
-  for (std::uint32_t n : kJobSizes) {
+  for (std::uint32_t n : job_sizes()) {
     CAPTURE(n);
     check_job(n, matrix, 90);
   }
 }
 
 TEST_CASE("1 MiB broadcast, reduce, allreduce (in place too) and allgather go by the rendezvous into place") {
-  for (std::uint32_t n : kJobSizes) {
+  for (std::uint32_t n : job_sizes()) {
     if (n == 1 || n == 8) continue;  // (8 oversubscribed is slow and adds nothing here)
     CAPTURE(n);
     check_job(n, large, 90);
@@ -627,7 +621,7 @@ int barriers(Client& client, Times* times) {
 }  // namespace
 
 TEST_CASE("back-to-back barriers with slow ranks: nobody leaves before everybody entered; early ones are kept") {
-  for (std::uint32_t n : kJobSizes) {
+  for (std::uint32_t n : job_sizes()) {
     if (n == 1) continue;
     CAPTURE(n);
     void* page = mmap(nullptr, sizeof(Times), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -710,7 +704,7 @@ int two_geometries(Client& client) {
 }  // namespace
 
 TEST_CASE("collectives in flight on two geometries at once: the world and the even ranks") {
-  for (std::uint32_t n : kJobSizes) {
+  for (std::uint32_t n : job_sizes()) {
     if (n < 2) continue;
     CAPTURE(n);
     check_job(n, two_geometries, 60);
@@ -759,7 +753,7 @@ int late_large(Client& client) {
 }  // namespace
 
 TEST_CASE("large data before its call waits at its sender and comes straight into place") {
-  for (std::uint32_t n : kJobSizes) {
+  for (std::uint32_t n : job_sizes()) {
     if (n < 2 || n > 5) continue;
     CAPTURE(n);
     check_job(n, late_large, 60);
@@ -815,7 +809,7 @@ int late_root(Client& client) {
 }  // namespace
 
 TEST_CASE("a late root: small contributions are combined with one another before its call, large ones wait") {
-  for (std::uint32_t n : kJobSizes) {
+  for (std::uint32_t n : job_sizes()) {
     if (n < 2 || n > 5) continue;
     CAPTURE(n);
     check_job(n, late_root, 60);
@@ -934,3 +928,5 @@ TEST_CASE("a member dies: the world's collectives in flight fail, later ones are
   const std::vector<int> expected{0, 0, -SIGKILL};
   CHECK_MESSAGE(codes == expected, "exit codes: " << text);
 }
+
+AMI_TEST_NEEDS_RDMA_PORT_FROM_BACKEND

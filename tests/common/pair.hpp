@@ -146,3 +146,12 @@ using OfiShmPair = OfiPair<kOfiShm, false, false>;
 using OfiVerbsPair = OfiPair<kOfiVerbs, true, true>;
 
 }  // namespace test
+
+// The pairs by name in the template cases' names ("...<OfiVerbsPair>"), so
+// that a run can pick or leave out one backend's cases by name.
+TYPE_TO_STRING_AS("SelfPair", test::SelfPair);
+TYPE_TO_STRING_AS("ShmPair", test::ShmPair);
+TYPE_TO_STRING_AS("VerbsPair", test::VerbsPair);
+TYPE_TO_STRING_AS("OfiTcpPair", test::OfiTcpPair);
+TYPE_TO_STRING_AS("OfiShmPair", test::OfiShmPair);
+TYPE_TO_STRING_AS("OfiVerbsPair", test::OfiVerbsPair);

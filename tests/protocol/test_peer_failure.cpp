@@ -5,8 +5,9 @@
 // First the engine over the self backend, whose lanes a test can break on
 // purpose, step by step; then jobs of real processes where the survivor
 // kill -9s its peer in the middle of an eager stream, a rendezvous GET, and
-// a PUT stream followed by a fence, on shm (built as test_peer_failure) and
-// on verbs (built with AMI_TEST_VERBS, run in the soft-RoCE VM); and a job
+// a PUT stream followed by a fence, on the backend AMI_TEST_BACKEND names
+// (backend_under_test.hpp: shm by default; ofi; verbs in the soft-RoCE VM,
+// one program built once for them all); and a job
 // of tasks of two contexts, where the death of one task fails each of its
 // endpoints at the survivor once, whether or not it ever talked to them.
 #include <doctest/doctest.h>
@@ -20,15 +21,14 @@
 #include <vector>
 
 #include "ami/ami.hpp"
+#include "ami/device/region_table.hpp"
+#include "backend_under_test.hpp"
+#include "eager/am_engine.hpp"
 #include "jobs.hpp"
+#include "self_device.hpp"
 
 using namespace ami;
 using namespace test;
-
-#if !defined(AMI_TEST_VERBS) && !defined(AMI_TEST_OFI)  // (backend-independent cases: once)
-#include "ami/device/region_table.hpp"
-#include "eager/am_engine.hpp"
-#include "self_device.hpp"
 
 namespace {
 
@@ -81,7 +81,7 @@ struct Trio {
 
 }  // namespace
 
-TEST_CASE("a failed lane fails the atomics in its FIFO and its work queue with peer_failed, undone") {
+TEST_CASE("a failed lane fails the atomics in its FIFO and its work queue with peer_failed, undone" * test::any_backend()) {
   Trio t;
   std::uint64_t word = 0;
   RemoteKey key;
@@ -106,7 +106,7 @@ TEST_CASE("a failed lane fails the atomics in its FIFO and its work queue with p
   CHECK(t.ea.atomic({.dest = {0, 1}, .op = AtomicOp::add, .remote = key, .operand = 1}) == StatusCode::peer_failed);
 }
 
-TEST_CASE("a failed lane fails every pending operation to its peer once; other peers go on") {
+TEST_CASE("a failed lane fails every pending operation to its peer once; other peers go on" * test::any_backend()) {
   Trio t;
   for (int i = 0; i < 5; ++i) REQUIRE(t.send(t.ea, {0, 1}).ok());
   (void)t.ea.advance();  // delivered; b is never advanced, so never answers
@@ -154,7 +154,7 @@ TEST_CASE("a failed lane fails every pending operation to its peer once; other p
   CHECK(t.errors_reported == 1);  // once per peer
 }
 
-TEST_CASE("keepalives go to a quiet peer, owed an answer or not, and not to one that talks") {
+TEST_CASE("keepalives go to a quiet peer, owed an answer or not, and not to one that talks" * test::any_backend()) {
   Trio t(1);  // every millisecond
   REQUIRE(t.send(t.ea, {0, 1}).ok());
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -198,18 +198,9 @@ TEST_CASE("keepalives go to a quiet peer, owed an answer or not, and not to one 
   while (std::chrono::steady_clock::now() < stop) (void)quiet.ea.advance();
   CHECK(quiet.sa.keepalives_sent == 0);
 }
-#endif  // !AMI_TEST_VERBS && !AMI_TEST_OFI
 
 namespace {
 
-#if defined(AMI_TEST_VERBS)
-constexpr const char* kBackends = "self,verbs";
-#elif defined(AMI_TEST_OFI)
-// AMI_TEST_OFI: the libfabric provider, as AMI_OFI_PROVIDER names it.
-constexpr const char* kBackends = "self,ofi";
-#else
-constexpr const char* kBackends = "self,shm";
-#endif
 
 constexpr std::uint16_t kHello = 10, kBig = 11, kData = 2, kBye = 3;
 constexpr std::size_t kRegion = 1 << 20;
@@ -222,10 +213,7 @@ std::int64_t now_ns() {
 
 Config job_config(const char* extra_name = nullptr, const char* extra_value = nullptr) {
   Config c;
-  REQUIRE(c.set("AMI_BACKENDS", kBackends).ok());
-#ifdef AMI_TEST_OFI
-  REQUIRE(c.set("AMI_OFI_PROVIDER", AMI_TEST_OFI).ok());
-#endif
+  test::backend_under_test().configure(c);
   REQUIRE(c.set("AMI_KEEPALIVE_INTERVAL", "200").ok());
   if (extra_name != nullptr) REQUIRE(c.set(extra_name, extra_value).ok());
   return c;
@@ -478,12 +466,8 @@ TEST_CASE("kill -9 of a peer in the middle of an eager stream") {
 TEST_CASE("kill -9 of a peer in the middle of a rendezvous GET") {
   // GET by the receiver; on shm through the rings, so the victim serves it
   // piece by piece and dies with most of it undone.
-#ifdef AMI_TEST_VERBS
   Config c = job_config("AMI_RNDV_MODE", "discard_get");
-#else
-  Config c = job_config("AMI_RNDV_MODE", "discard_get");
-  REQUIRE(c.set("AMI_SHM_CMA", "off").ok());
-#endif
+  if (test::backend_under_test().is_default()) REQUIRE(c.set("AMI_SHM_CMA", "off").ok());
   run_kill_case(survivor_get, true, c);
 }
 
@@ -597,7 +581,7 @@ TEST_CASE("a task that dies fails every one of its endpoints, once each, togethe
   CHECK(codes == std::vector<int>{0, -SIGKILL});
 }
 
-#if !defined(AMI_TEST_VERBS) && !defined(AMI_TEST_OFI)  // (backend-independent cases: once)
+// ---- cases that do not depend on the backend: once, in the default run ----
 namespace {
 
 // Tasks that share no backend (self only): the only sign of a peer's end is
@@ -634,7 +618,7 @@ int connection_case(Client& client, std::uint32_t victim) {
 
 }  // namespace
 
-TEST_CASE("a peer whose bootstrap connection hangs up has ended: rank 0 sees a rank go and tells the others") {
+TEST_CASE("a peer whose bootstrap connection hangs up has ended: rank 0 sees a rank go and tells the others" * test::any_backend()) {
   Config config;
   REQUIRE(config.set("AMI_BACKENDS", "self").ok());
   REQUIRE(config.set("AMI_REACHABILITY", "symmetric").ok());  // apart on purpose: only the bootstrap joins them
@@ -655,4 +639,5 @@ TEST_CASE("a peer whose bootstrap connection hangs up has ended: rank 0 sees a r
     CHECK(codes == std::vector<int>{0, 0, -SIGKILL});
   }
 }
-#endif  // !AMI_TEST_VERBS && !AMI_TEST_OFI
+
+AMI_TEST_NEEDS_RDMA_PORT_FROM_BACKEND
