@@ -56,7 +56,7 @@ class ShmLane final : public device::Lane {
   // reached only by CMA (registered memory) is not: CMA copies, it cannot
   // do an atomic, so the owner's engine does those.
   bool offloads_atomic(const RemoteKey& key) override;
-  Status atomic_in_place(const device::AtomicDescriptor& a) override;
+  Status atomic_in_place(const device::AtomicRef& a) override;
 
  private:
   friend class ShmDevice;
@@ -141,7 +141,8 @@ class ShmDevice final : public device::Device {
   // Is key's region a peer's shared one this process maps (or can map now)?
   bool maps_region(const ShmLane& lane, const RemoteKey& key);
   void atomic_mapped(ShmLane& lane, std::uint64_t n, const device::AtomicDescriptor& a);
-  Status atomic_on_mapping(ShmLane& lane, const device::AtomicDescriptor& a);
+  // (shared_fd: the key's shm entry, decoded by the caller)
+  Status atomic_on_mapping(ShmLane& lane, const device::AtomicRef& a, std::uint32_t shared_fd);
   SharedView* map_shared(const ShmLane& lane, std::uint32_t task, std::uint32_t shared_fd);
   Step rdma_mapped(ShmLane& lane, std::uint64_t n, std::uint32_t shared_fd);
   Step rdma_cma(ShmLane& lane, std::uint64_t n);

@@ -119,29 +119,29 @@ bool ShmDevice::maps_region(const ShmLane& lane, const RemoteKey& key) {
 // process's mapping of the same pages, which the owner's engine and every
 // other mapping peer use too. Done at once, as a mapped PUT is.
 void ShmDevice::atomic_mapped(ShmLane& lane, std::uint64_t n, const device::AtomicDescriptor& a) {
-  const Status s = atomic_on_mapping(lane, a);
+  std::uint32_t shared_fd = 0;
+  const Status s = decode_entry(a.remote.entry(domain_.key_id()), shared_fd) && shared_fd != 0
+                       ? atomic_on_mapping(lane, device::AtomicRef::of(a), shared_fd)
+                       : Status{StatusCode::remote_access, "atomic: the remote key names no shared region"};
   if (!s.ok()) lane.fifo().fail_one(n, s);
 }
 
 // One look at the mapping instead of offloads_atomic()'s and then the op's:
 // a region this lane does not map is not_supported (the engine then posts
 // the atomic as a message, the path offloads_atomic() gives it too).
-Status ShmLane::atomic_in_place(const device::AtomicDescriptor& a) {
+Status ShmLane::atomic_in_place(const device::AtomicRef& a) {
   static constexpr Status kNotMapped{StatusCode::not_supported, "shm: the region is not mapped here"};
   std::uint32_t shared_fd = 0;
   if (!failure_.ok() || !decode_entry(a.remote.entry(device_.domain_.key_id()), shared_fd) || shared_fd == 0)
     return kNotMapped;
-  const Status s = device_.atomic_on_mapping(*this, a);
+  const Status s = device_.atomic_on_mapping(*this, a, shared_fd);
   return s == StatusCode::unreachable ? kNotMapped : s;
 }
 
-Status ShmDevice::atomic_on_mapping(ShmLane& lane, const device::AtomicDescriptor& a) {
+Status ShmDevice::atomic_on_mapping(ShmLane& lane, const device::AtomicRef& a, std::uint32_t shared_fd) {
   const std::size_t width = width_of(a.type);
-  std::uint32_t shared_fd = 0;
   std::byte* word = nullptr;
-  Status s = decode_entry(a.remote.entry(domain_.key_id()), shared_fd) && shared_fd != 0
-                 ? shared_target(lane, a.remote, a.remote_address, width, shared_fd, word)
-                 : Status{StatusCode::remote_access, "atomic: the remote key names no shared region"};
+  Status s = shared_target(lane, a.remote, a.remote_address, width, shared_fd, word);
   // (A view dropped since offloads_atomic() said yes, and not mappable
   // again: the op cannot go another way now without mixing paths.)
   if (s.ok() && reinterpret_cast<std::uintptr_t>(word) % width != 0)

@@ -455,10 +455,18 @@ class Driver {
 
   // One atomic on the server's word: fetch_add of 1, or compare_swap of the
   // value the last round read (it always succeeds: nobody else writes it).
-  AtomicParams atomic_params(Callback done) {
-    return {.dest = peer_, .op = o_.compare_swap ? AtomicOp::compare_swap : AtomicOp::fetch_add,
-            .type = AtomicType::u64, .remote = key_, .operand = o_.compare_swap ? atomic_old_ + 1 : 1,
-            .compare = atomic_old_, .result = &atomic_old_, .done = done};
+  // The parameters are made once, when the key has come, as perftest makes
+  // its work requests once; each round sets only its operands.
+  const AtomicParams& atomic_params(Callback done) {
+    if (!atomic_ready_) {
+      atomic_ = {.dest = peer_, .op = o_.compare_swap ? AtomicOp::compare_swap : AtomicOp::fetch_add,
+                 .type = AtomicType::u64, .remote = key_, .result = &atomic_old_};
+      atomic_ready_ = true;
+    }
+    atomic_.operand = o_.compare_swap ? atomic_old_ + 1 : 1;
+    atomic_.compare = atomic_old_;
+    atomic_.done = done;
+    return atomic_;
   }
 
   // atomic_now(): done in the call where this process reaches the word
@@ -635,7 +643,10 @@ class Driver {
   static void on_control(void* self, const Incoming& in, Receive*) {
     auto* d = static_cast<Driver*>(self);
     const Control m = read_control(in);
-    if (m.op == kKey) d->have_key_ = RemoteKey::from_bytes(in.payload, d->key_).ok();
+    if (m.op == kKey) {
+      d->have_key_ = RemoteKey::from_bytes(in.payload, d->key_).ok();
+      d->atomic_ready_ = false;  // (atomic_params() makes its parameters again)
+    }
     if (m.op == kSyncAck) d->synced_ = true;
     if (m.op == kAckReport && in.payload.size() == sizeof d->server_acks_) {
       std::memcpy(&d->server_acks_, in.payload.data(), sizeof d->server_acks_);
@@ -658,6 +669,8 @@ class Driver {
   AckFigures server_acks_;
   std::size_t round_ = 0;  // write latency: rounds since the last sync
   std::uint64_t atomic_old_ = 0;  // atomic tests: the word's value the last atomic returned
+  AtomicParams atomic_{};         // atomic tests: atomic_params()' parameters, made
+  bool atomic_ready_ = false;     // once the key has come
   Status failure_;
   std::vector<std::uint64_t> stamps_;  // cycle count at each completion
   struct Chain {

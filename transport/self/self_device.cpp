@@ -102,13 +102,13 @@ bool SelfDevice::rdma(SelfLane& lane, std::uint64_t n, const device::RdmaDescrip
 }
 
 void SelfDevice::atomic(SelfLane& lane, std::uint64_t n, const device::AtomicDescriptor& a) {
-  const Status s = atomic_on(a);
+  const Status s = atomic_on(device::AtomicRef::of(a));
   if (!s.ok()) lane.fifo().fail_one(n, s);
 }
 
-Status SelfLane::atomic_in_place(const device::AtomicDescriptor& a) { return device_.atomic_on(a); }
+Status SelfLane::atomic_in_place(const device::AtomicRef& a) { return device_.atomic_on(a); }
 
-Status SelfDevice::atomic_on(const device::AtomicDescriptor& a) {
+Status SelfDevice::atomic_on(const device::AtomicRef& a) {
   const std::size_t width = width_of(a.type);
   std::byte* word = nullptr;
   Status s = domain_.regions().check(a.remote, a.remote_address, width, word);

@@ -65,7 +65,7 @@ class SelfLane final : public device::Lane {
   // with the CPU, as the owner's engine would (docs/DESIGN.md, "Remote
   // atomics").
   bool offloads_atomic(const RemoteKey&) override { return true; }
-  Status atomic_in_place(const device::AtomicDescriptor& a) override;
+  Status atomic_in_place(const device::AtomicRef& a) override;
 
  private:
   friend class SelfDevice;
@@ -109,7 +109,7 @@ class SelfDevice final : public device::Device {
   bool deliver(SelfLane& lane, const device::PacketDescriptor& p);
   bool rdma(SelfLane& lane, std::uint64_t n, const device::RdmaDescriptor& x, bool put);
   void atomic(SelfLane& lane, std::uint64_t n, const device::AtomicDescriptor& a);
-  Status atomic_on(const device::AtomicDescriptor& a);
+  Status atomic_on(const device::AtomicRef& a);
 
   SelfDomain& domain_;
   std::uint16_t context_;

@@ -69,9 +69,9 @@ Status AmEngine::atomic_now(const AtomicParams& p) {
     device::Lane& lane = *peer->lane;
     auto& fifo = lane.fifo();
     if (fifo.injected() == fifo.counter().snapshot() && fifo.pending_callbacks() == 0) {
-      const device::AtomicDescriptor a{.op = p.op, .type = p.type, .operand = p.operand, .compare = p.compare,
-                                       .result = returns_old(p.op) ? p.result : nullptr,
-                                       .remote_address = p.remote.address + p.remote_offset, .remote = p.remote};
+      const device::AtomicRef a{.op = p.op, .type = p.type, .operand = p.operand, .compare = p.compare,
+                                .result = returns_old(p.op) ? p.result : nullptr,
+                                .remote_address = p.remote.address + p.remote_offset, .remote = p.remote};
       // (not_supported: the lane does not reach the word itself, and
       // offloads_atomic() says the same: a message it is.)
       const Status s = lane.atomic_in_place(a);

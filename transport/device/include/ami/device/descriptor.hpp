@@ -76,6 +76,22 @@ struct AtomicDescriptor {
   RemoteKey remote{};
 };
 
+// The same atomic with the key by reference: what a device does in the call
+// (Lane::atomic_in_place), with no key copied into a slot first.
+struct AtomicRef {
+  AtomicOp op;
+  AtomicType type;
+  std::uint64_t operand;
+  std::uint64_t compare;
+  void* result;
+  std::uint64_t remote_address;
+  const RemoteKey& remote;
+
+  static AtomicRef of(const AtomicDescriptor& a) {
+    return {a.op, a.type, a.operand, a.compare, a.result, a.remote_address, a.remote};
+  }
+};
+
 // One slot holds one kind, so the kinds share its bytes: a slot is as large
 // as a packet, not as a packet and a PUT together, and a FIFO of them stays
 // small in cache. Only `kind`'s member is meaningful; the protocol sets kind

@@ -90,7 +90,7 @@ class Lane {
   // (the engine then sends it as a message); otherwise the verdict: ok,
   // with the old value in a.result, or why the word was refused (as the
   // descriptor would have failed).
-  virtual Status atomic_in_place(const AtomicDescriptor& a) {
+  virtual Status atomic_in_place(const AtomicRef& a) {
     (void)a;
     return {StatusCode::not_supported, "atomic: this lane does no atomic itself"};
   }
