@@ -465,7 +465,9 @@ TEST_CASE("atomics: a peer process that dies with atomics in flight fails them w
   // Task 1 hands task 0 the key of a plain registered buffer (so shm sends
   // the atomics as messages to its engine), then stops advancing and exits;
   // task 0's atomics wait in its ring, unanswered, until shm sees the
-  // process gone.
+  // process gone. Task 0 sends them only once task 1 has said it stopped
+  // advancing (a second message, which shm writes into task 0's ring in the
+  // call), so that none is answered before.
   auto owner = [](Client& client) {
     Context& c = client.context(0);
     static std::uint64_t words[8] = {};
@@ -479,13 +481,18 @@ TEST_CASE("atomics: a peer process that dies with atomics in flight fails them w
     } while (s == StatusCode::no_resource);
     if (!s.ok()) return 3;
     for (int i = 0; i < 1000; ++i) (void)c.advance();  // (the packet is out)
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // not advancing: nothing is answered
+    // From here on, no advance: nothing task 0 sends is answered.
+    do {
+      s = c.send_immediate({.dest = {0, 0}, .dispatch = 4});
+    } while (s == StatusCode::no_resource);
+    if (!s.ok()) return 4;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
     _exit(0);
   };
   auto origin = [](Client& client) {
     Context& c = client.context(0);
     struct Got {
-      bool have = false;
+      bool have = false, stopped = false;
       RemoteKey key;
     } got;
     (void)c.set_dispatch(3, {+[](void* g, const Incoming& in, Receive*) {
@@ -493,7 +500,9 @@ TEST_CASE("atomics: a peer process that dies with atomics in flight fails them w
                                k->have = RemoteKey::from_bytes(in.payload, k->key).ok();
                              },
                              &got});
-    if (!test::progress_until(c, [&] { return got.have; })) return 2;
+    (void)c.set_dispatch(4, {+[](void* g, const Incoming&, Receive*) { static_cast<Got*>(g)->stopped = true; },
+                             &got});
+    if (!test::progress_until(c, [&] { return got.have && got.stopped; })) return 2;
     constexpr int kN = 16;
     std::uint64_t results[kN] = {};
     int refused = 0;
@@ -513,7 +522,9 @@ TEST_CASE("atomics: a peer process that dies with atomics in flight fails them w
     for (int i = 0; i < 100; ++i) (void)c.advance();  // nothing more runs
     return counts[1] == 0 && counts[0] + refused == kN ? 0 : 5;
   };
-  CHECK(test::run_job(2, Config{}, {origin, owner}, std::chrono::seconds(60)) == std::vector<int>{0, 0});
+  const std::vector<int> codes = test::run_job(2, Config{}, {origin, owner}, std::chrono::seconds(60));
+  INFO("exit codes (origin, owner): " << codes[0] << " " << codes[1]);
+  CHECK(codes == std::vector<int>{0, 0});
 }
 
 TEST_CASE("atomics: four processes increment two counters 10,000 times each, on the mapping, by message, by self") {

@@ -636,6 +636,7 @@ TEST_CASE("a peer whose bootstrap connection hangs up has ended: rank 0 sees a r
   SUBCASE("rank 2 of 3 dies: rank 1, which has no way to it, hears of it from rank 0") {
     auto run = [](Client& c) { return connection_case(c, 2); };
     const auto codes = run_job(3, config, {run, run, run});
+    INFO("exit codes: " << codes[0] << " " << codes[1] << " " << codes[2]);
     CHECK(codes == std::vector<int>{0, 0, -SIGKILL});
   }
 }
