@@ -201,7 +201,6 @@ TEST_CASE("keepalives go to a quiet peer, owed an answer or not, and not to one 
 
 namespace {
 
-
 constexpr std::uint16_t kHello = 10, kBig = 11, kData = 2, kBye = 3;
 constexpr std::size_t kRegion = 1 << 20;
 constexpr std::size_t kBigMessage = 64 << 20;

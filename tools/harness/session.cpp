@@ -455,14 +455,9 @@ class Driver {
 
   // One atomic on the server's word: fetch_add of 1, or compare_swap of the
   // value the last round read (it always succeeds: nobody else writes it).
-  // The parameters are made once, when the key has come, as perftest makes
-  // its work requests once; each round sets only its operands.
+  // The parameters are made once, when the key comes (on_control), as
+  // perftest makes its work requests once; each round sets its operands.
   const AtomicParams& atomic_params(Callback done) {
-    if (!atomic_ready_) {
-      atomic_ = {.dest = peer_, .op = o_.compare_swap ? AtomicOp::compare_swap : AtomicOp::fetch_add,
-                 .type = AtomicType::u64, .remote = key_, .result = &atomic_old_};
-      atomic_ready_ = true;
-    }
     atomic_.operand = o_.compare_swap ? atomic_old_ + 1 : 1;
     atomic_.compare = atomic_old_;
     atomic_.done = done;
@@ -645,7 +640,8 @@ class Driver {
     const Control m = read_control(in);
     if (m.op == kKey) {
       d->have_key_ = RemoteKey::from_bytes(in.payload, d->key_).ok();
-      d->atomic_ready_ = false;  // (atomic_params() makes its parameters again)
+      d->atomic_ = {.dest = d->peer_, .op = d->o_.compare_swap ? AtomicOp::compare_swap : AtomicOp::fetch_add,
+                    .type = AtomicType::u64, .remote = d->key_, .result = &d->atomic_old_};
     }
     if (m.op == kSyncAck) d->synced_ = true;
     if (m.op == kAckReport && in.payload.size() == sizeof d->server_acks_) {
@@ -669,8 +665,7 @@ class Driver {
   AckFigures server_acks_;
   std::size_t round_ = 0;  // write latency: rounds since the last sync
   std::uint64_t atomic_old_ = 0;  // atomic tests: the word's value the last atomic returned
-  AtomicParams atomic_{};         // atomic tests: atomic_params()' parameters, made
-  bool atomic_ready_ = false;     // once the key has come
+  AtomicParams atomic_{};         // atomic tests: atomic_params()' parameters
   Status failure_;
   std::vector<std::uint64_t> stamps_;  // cycle count at each completion
   struct Chain {
