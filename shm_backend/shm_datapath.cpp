@@ -62,7 +62,7 @@ void ShmDevice::fail_lane(ShmLane& lane, Status why) {
   ++failed_lanes_;
 }
 
-bool ShmDevice::commit(ShmLane& lane, device::ReceptionQueue::Reservation r, std::size_t bytes,
+bool ShmDevice::commit(ShmLane& lane, const device::ReceptionQueue::Reservation& r, std::size_t bytes,
                        std::uint16_t kind) {
   const bool committed = lane.target_->commit(r, static_cast<std::uint32_t>(bytes), me(kind));
   if (r.wake) [[unlikely]]

@@ -189,7 +189,7 @@ class ShmDevice final : public device::Device {
     return lanes_[std::size_t{peer.task} * domain_.contexts() + peer.context].get();
   }
   // Commits a cell of lane's peer's ring; a cell the peer gave up fails the lane.
-  bool commit(ShmLane& lane, device::ReceptionQueue::Reservation r, std::size_t bytes, std::uint16_t kind);
+  bool commit(ShmLane& lane, const device::ReceptionQueue::Reservation& r, std::size_t bytes, std::uint16_t kind);
 };
 
 }  // namespace ami::shm

@@ -151,7 +151,7 @@ class ReceptionQueue {
   // rate. The look catches every give-up but one that falls between it and
   // the store — after the producer has stalled for the whole timeout — and
   // that store then leaves the cell as the give-up did.
-  [[nodiscard]] bool commit(Reservation r, std::uint32_t length, Origin origin) {
+  [[nodiscard]] bool commit(const Reservation& r, std::uint32_t length, Origin origin) {
     r.cell->length = length;
     r.cell->origin_task = origin.task;
     r.cell->origin_context = origin.context;
@@ -160,7 +160,7 @@ class ReceptionQueue {
     r.cell->sequence.store(r.position + 1, std::memory_order_release);
     return true;
   }
-  [[nodiscard]] bool discard(Reservation r) { return commit(r, kDiscarded, {}); }
+  [[nodiscard]] bool discard(const Reservation& r) { return commit(r, kDiscarded, {}); }
 
   // Consumer side: the next committed cell's data, or an empty span. A
   // discarded cell is released and skipped.
