@@ -96,18 +96,27 @@ class OfiBackend final : public device::Backend {
 };
 
 // Each context's multi-receive buffers and its rescue receive's packet
-// (post_rescue(), registered with them); staging packets, which only some
-// providers need, are left out.
+// (post_rescue(), registered with them), and its bundles' staging packets
+// (with AMI_OFI_BUNDLE above 1); the larger staging packets that only
+// providers asking for FI_MR_LOCAL need are left out.
 std::vector<device::MemoryDemand> memory(const Config& c, std::uint16_t contexts) {
   using device::MemoryDemand;
   const std::uint64_t n = c.number(Param("AMI_OFI_RECV_BUFFERS")), b = c.number(Param("AMI_OFI_RECV_BUFFER_SIZE"));
   const std::uint64_t rescue =
       std::uint64_t{OfiFabric::packet_bytes_bound(OfiOptions::from(c))} + kHeadroom + kHeaderBytes;
-  return {{"ofi receive buffers: AMI_OFI_RECV_BUFFERS x AMI_OFI_RECV_BUFFER_SIZE x contexts",
-           std::to_string(n) + " x " + std::to_string(b) + " x " + std::to_string(contexts),
-           MemoryDemand::times(MemoryDemand::times(n, b), contexts)},
-          {"ofi rescue receive: one packet (AMI_OFI_PACKET_SIZE, headers included) x contexts",
-           std::to_string(rescue) + " x " + std::to_string(contexts), MemoryDemand::times(rescue, contexts)}};
+  std::vector<MemoryDemand> out{
+      {"ofi receive buffers: AMI_OFI_RECV_BUFFERS x AMI_OFI_RECV_BUFFER_SIZE x contexts",
+       std::to_string(n) + " x " + std::to_string(b) + " x " + std::to_string(contexts),
+       MemoryDemand::times(MemoryDemand::times(n, b), contexts)},
+      {"ofi rescue receive: one packet (AMI_OFI_PACKET_SIZE, headers included) x contexts",
+       std::to_string(rescue) + " x " + std::to_string(contexts), MemoryDemand::times(rescue, contexts)}};
+  if (c.number(Param("AMI_OFI_BUNDLE")) > 1) {
+    const std::uint64_t staging = c.number(Param("AMI_OFI_STAGING")), bundle = kBundleBytes + kHeaderBytes;
+    out.push_back({"ofi bundles: AMI_OFI_STAGING x bytes per bundle x contexts",
+                   std::to_string(staging) + " x " + std::to_string(bundle) + " x " + std::to_string(contexts),
+                   MemoryDemand::times(MemoryDemand::times(staging, bundle), contexts)});
+  }
+  return out;
 }
 
 }  // namespace

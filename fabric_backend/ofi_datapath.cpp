@@ -46,6 +46,31 @@ Status completion_status(int err) {
 
 }  // namespace
 
+// (ofi_device.hpp, "Bundles") A lane's first ring of a burst posts at
+// once; later ones wait for a bundle's worth of descriptors, or flush().
+// (A descriptor no bundle takes is not held: what waits goes with it.)
+void OfiDevice::ring(OfiLane& lane) {
+  const std::uint64_t injected = lane.fifo().injected();
+  if (bundle_max_ > 1 && lane.rung_epoch_ == ring_epoch_ && injected - lane.posted_ < bundle_max_ &&
+      bundleable(lane.fifo().at(injected - 1))) {
+    held_ = true;
+    return;
+  }
+  lane.rung_epoch_ = ring_epoch_;
+  post(lane);
+}
+
+void OfiDevice::flush() {
+  if (held_) post_held();
+  ++ring_epoch_;
+}
+
+void OfiDevice::post_held() {
+  held_ = false;
+  for (std::size_t i = 0; i < active_.size(); ++i)
+    if (active_[i]->posted_ < active_[i]->fifo().injected()) post(*active_[i]);
+}
+
 void OfiDevice::post(OfiLane& lane) {
   if (lane.broken_) {
     tending_ = true;  // progress() fails what it was given
@@ -53,8 +78,105 @@ void OfiDevice::post(OfiLane& lane) {
   }
   const std::uint64_t end = lane.fifo().injected();
   while (lane.posted_ < end) {
-    if (post_one(lane, lane.posted_) != Step::posted) return;
+    const std::uint32_t run = bundle_max_ > 1 && end - lane.posted_ > 1 ? bundle_run(lane, end) : 1;
+    if ((run > 1 ? send_bundle(lane, lane.posted_, run) : post_one(lane, lane.posted_)) != Step::posted) return;
   }
+}
+
+// How many of the lane's descriptors from its next unposted one go in one
+// bundle: consecutive packets of at most kBundlePacketMax bytes, as many
+// as bundle_bytes_ holds with their lengths. (Not a packet that paces a
+// rendezvous by its delivery: it completes on its own.)
+std::uint32_t OfiDevice::bundle_run(OfiLane& lane, std::uint64_t end) const {
+  std::size_t bytes = 0;
+  std::uint32_t run = 0;
+  for (std::uint64_t n = lane.posted_; n < end && run < bundle_max_; ++n, ++run) {
+    const device::Descriptor& d = lane.fifo().at(n);
+    if (!bundleable(d)) break;
+    const std::size_t length = std::size_t{d.packet.inline_len} + d.packet.payload_len;
+    if (bytes + kBundleEntryBytes + length > bundle_bytes_) break;
+    bytes += kBundleEntryBytes + length;
+  }
+  return run;
+}
+
+bool OfiDevice::bundleable(const device::Descriptor& d) const {
+  return d.kind == device::DescriptorKind::packet &&
+         std::size_t{d.packet.inline_len} + d.packet.payload_len <= kBundlePacketMax &&
+         !(d.packet.await_delivery && delivery_complete_);
+}
+
+// Descriptors first .. first + count - 1, packets bundle_run() chose, as one
+// send from a staging packet. Each packet goes whole (its compact form
+// needs the CQ data of its own).
+OfiDevice::Step OfiDevice::send_bundle(OfiLane& lane, std::uint64_t first, std::uint32_t count) {
+  if (staging_free_.empty()) {
+    ++counters_.staging_stalls;
+    tending_ = true;
+    return Step::wait;
+  }
+  const std::int32_t staged = staging_free_.back();
+  staging_free_.pop_back();
+  std::byte* const start = staging_memory_.get() + std::size_t(staged) * staging_bytes_;
+  std::byte* at = start;
+  if (sequenced_) {
+    const SequenceHeader h{.seq = lane.seq_};
+    std::memcpy(at, &h, kHeaderBytes);
+    at += kHeaderBytes;
+  }
+  bool callback = false;
+  for (std::uint64_t n = first; n < first + count; ++n) {
+    const device::PacketDescriptor& p = lane.fifo().at(n).packet;
+    const std::uint32_t length = p.inline_len + p.payload_len;
+    std::memcpy(at, &length, kBundleEntryBytes);
+    at += kBundleEntryBytes;
+    std::memcpy(at, p.inline_data, p.inline_len);
+    at += p.inline_len;
+    if (p.payload_len != 0) std::memcpy(at, p.payload, p.payload_len);
+    at += p.payload_len;
+    callback = callback || lane.fifo().has_callback(n);
+  }
+  const auto total = static_cast<std::size_t>(at - start);
+  const bool inject = total <= inject_;
+  const bool entry = !inject || callback;
+  const std::uint32_t slot = static_cast<std::uint32_t>(first & (fifo_depth_ - 1));
+  OpContext& op = lane.ops_[slot];
+  op.n = first;
+  op.count = count;
+  iovec iov{start, total};
+  void* desc = staging_desc_;
+  const fi_msg msg{.msg_iov = &iov, .desc = &desc, .iov_count = 1, .addr = lane.address_, .context = &op,
+                   .data = origin_ | kBundle | (sequenced_ ? kSequenced : 0)};
+  const ssize_t rc = fi_sendmsg(ep_.ep.get(), &msg,
+                                FI_REMOTE_CQ_DATA | (inject ? FI_INJECT : 0) | (entry ? FI_COMPLETION : 0));
+  if (rc != 0) {
+    staging_free_.push_back(staged);
+    op.count = 1;
+    if (rc != -FI_EAGAIN) {
+      post_failed(lane, "fi_sendmsg", rc);
+      return Step::failed;
+    }
+    ++counters_.again;
+    tending_ = true;
+    return Step::wait;
+  }
+  ++ops_posted_;
+  lane.seq_ += sequenced_ ? 1 : 0;
+  lane.posted_ += count;
+  counters_.packets_sent += count;
+  ++counters_.bundles_sent;
+  counters_.bundled += count;
+  if (inject) {
+    staging_free_.push_back(staged);
+  } else {
+    lane.staging_[slot] = staged;
+  }
+  if (!entry) {
+    counters_.injected += count;
+    op.count = 1;
+    for (std::uint64_t n = first; n < first + count; ++n) mark_done(lane, n);
+  }
+  return Step::posted;
 }
 
 // Posts descriptor n, the lane's next. wait: the provider (or the staging
@@ -100,7 +222,7 @@ OfiDevice::Step OfiDevice::send_packet(OfiLane& lane, std::uint64_t n, const dev
     }
     staged = staging_free_.back();
     staging_free_.pop_back();
-    std::byte* b = staging_memory_.get() + std::size_t(staged) * (max_packet_ + kHeaderBytes);
+    std::byte* b = staging_memory_.get() + std::size_t(staged) * staging_bytes_;
     std::memcpy(b, &h, head);
     std::memcpy(b + head, p.inline_data + skip, p.inline_len - skip);
     if (p.payload_len != 0) std::memcpy(b + head + p.inline_len - skip, p.payload, p.payload_len);
@@ -123,6 +245,7 @@ OfiDevice::Step OfiDevice::send_packet(OfiLane& lane, std::uint64_t n, const dev
   const bool entry = !inject || lane.fifo().has_callback(n);
   OpContext& op = lane.ops_[slot];
   op.n = n;
+  op.count = 1;
   const fi_msg msg{.msg_iov = iov, .desc = desc, .iov_count = count, .addr = lane.address_, .context = &op,
                    .data = data};
   const ssize_t rc = fi_sendmsg(ep_.ep.get(), &msg,
@@ -162,7 +285,9 @@ bool OfiDevice::send_compact(OfiLane& lane, std::uint32_t immediate, std::span<c
   const std::uint64_t n = fifo.injected();
   const std::size_t head_bytes = sequenced_ ? kHeaderBytes : 0;
   const std::size_t total = head_bytes + head.size() + payload.size();
-  if (lane.broken_ || lane.posted_ != n || total > inject_ || head.size() + payload.size() > max_packet_) return false;
+  if (lane.broken_ || lane.posted_ != n || total > inject_ || head.size() + payload.size() > max_packet_ ||
+      (bundle_max_ > 1 && lane.rung_epoch_ == ring_epoch_))  // (later ones of a burst wait for a bundle)
+    return false;
   device::Descriptor* d = fifo.try_reserve();
   if (d == nullptr) return false;
   SequenceHeader& h = lane.headers_[n & (fifo_depth_ - 1)];
@@ -185,6 +310,7 @@ bool OfiDevice::send_compact(OfiLane& lane, std::uint32_t immediate, std::span<c
   d->packet.payload_keyed = false;
   d->packet.await_delivery = false;
   fifo.commit();
+  lane.rung_epoch_ = ring_epoch_;
   ++ops_posted_;
   lane.seq_ += sequenced_ ? 1 : 0;
   ++lane.posted_;
@@ -213,6 +339,7 @@ OfiDevice::Step OfiDevice::rdma(OfiLane& lane, std::uint64_t n, const device::Rd
   const std::uint32_t slot = static_cast<std::uint32_t>(n & (fifo_depth_ - 1));
   OpContext& op = lane.ops_[slot];
   op.n = n;
+  op.count = 1;
   iovec local{x.local, x.length};
   void* desc = reinterpret_cast<void*>(x.local_keys[key_id_]);
   fi_rma_iov remote{.addr = virt_addr_ ? x.remote_address : x.remote_address - x.remote.address, .len = x.length,
@@ -374,10 +501,16 @@ void OfiDevice::on_entry(const fi_cq_data_entry& e, device::PacketSink& sink) {
     return;
   }
   if (op == nullptr || op->lane == nullptr) return;
-  OfiLane& lane = *op->lane;
-  if (lane.broken_) return;
-  release_staging(lane, op->n);
-  mark_done(lane, op->n);
+  if (!op->lane->broken_) complete(*op);
+}
+
+// A send, PUT or GET completed: its slot (a bundle's slots) done.
+void OfiDevice::complete(OpContext& op) {
+  OfiLane& lane = *op.lane;
+  release_staging(lane, op.n);
+  const std::uint32_t count = op.count;
+  op.count = 1;
+  for (std::uint64_t n = op.n; n < op.n + count; ++n) mark_done(lane, n);
 }
 
 void OfiDevice::on_error() {
@@ -432,7 +565,7 @@ void OfiDevice::on_packet(std::uint64_t data, const std::byte* bytes, std::size_
   const Endpoint origin{origin_task(word), origin_context(word)};
   Inbound* in = inbound(origin);
   if (in == nullptr || length < head || length > head + max_packet_ || ((flags & kCompact) != 0 && !compact_) ||
-      ((flags & kCompact) == 0 && immediate != 0)) {
+      ((flags & kCompact) == 0 && immediate != 0) || (flags & (kCompact | kBundle)) == (kCompact | kBundle)) {
     ++counters_.dropped;
     return;
   }
@@ -476,10 +609,34 @@ void OfiDevice::on_packet(std::uint64_t data, const std::byte* bytes, std::size_
 
 void OfiDevice::deliver(Endpoint origin, std::uint32_t flags, std::uint32_t immediate,
                         std::span<const std::byte> rest, device::PacketSink& sink) {
-  if (flags & kCompact)
+  if (flags & kBundle)
+    deliver_bundle(origin, rest, sink);
+  else if (flags & kCompact)
     sink.on_compact_packet(origin, immediate, rest);
   else
     sink.on_packet(origin, rest);
+}
+
+// Its packets in order. A length that overruns the bundle (or an empty
+// one) drops what is left of it, counted: the packets before went.
+void OfiDevice::deliver_bundle(Endpoint origin, std::span<const std::byte> rest, device::PacketSink& sink) {
+  ++counters_.bundles_received;
+  bool first = true;
+  do {
+    std::uint32_t length = 0;  // (0 is no packet's)
+    if (rest.size() >= kBundleEntryBytes) std::memcpy(&length, rest.data(), kBundleEntryBytes);
+    if (length == 0 || length > rest.size() - kBundleEntryBytes) {
+      ++counters_.dropped;
+      return;
+    }
+    if (!first) {  // (the bundle itself was counted as one)
+      ++counters_.packets_received;
+      ++backlog_;
+    }
+    first = false;
+    sink.on_packet(origin, rest.subspan(kBundleEntryBytes, length));
+    rest = rest.subspan(kBundleEntryBytes + length);
+  } while (!rest.empty());
 }
 
 // Per lane: fail what a broken lane holds, fail refused descriptors in
@@ -563,6 +720,7 @@ std::size_t OfiDevice::progress(device::PacketSink& sink, std::size_t budget) {
   std::size_t work = 0;
   backlog_ = 0;
   if ((++polls_ & 1023) == 0) watch_stalls();
+  flush();  // what ring() held back goes first, and a new burst starts
   if (tending_) work += tend(sink);
   fi_cq_data_entry e[kReadBatch];
   std::size_t read = 0;

@@ -38,7 +38,7 @@ std::uint64_t OfiLane::rdma_crossover() const {
   return on_verbs_ ? 2 * max_packet() : device::Lane::rdma_crossover();
 }
 
-void OfiLane::ring() { device_.post(*this); }
+void OfiLane::ring() { device_.ring(*this); }
 
 bool OfiLane::send_compact(std::uint32_t immediate, std::span<const std::byte> head,
                            std::span<const std::byte> payload) {
@@ -59,6 +59,8 @@ OfiDevice::OfiDevice(OfiFabric& fabric, std::uint16_t context, std::uint32_t fif
       virt_addr_((fabric.facts().mr_mode & FI_MR_VIRT_ADDR) != 0),
       inject_(fabric.facts().inject),
       max_packet_(fabric.max_packet()),
+      bundle_max_(fabric.options().bundle),
+      bundle_bytes_(std::min<std::size_t>(max_packet_, kBundleBytes)),
       recv_bytes_(fabric.options().recv_buffer_bytes),
       lanes_(fabric.tasks()),
       inbound_(fabric.tasks()) {
@@ -73,12 +75,16 @@ OfiDevice::OfiDevice(OfiFabric& fabric, std::uint16_t context, std::uint32_t fif
     Status s = fabric.register_own(recv_memory_.get(), recv_total, recv_mr_);
     if (!s.ok()) throw Error(std::string("ofi: registering the receive buffers: ") + s.what());
     recv_desc_ = fi_mr_desc(recv_mr_.get());
+  }
+  if (mr_local_ || bundle_max_ > 1) {
     const std::uint32_t staging = fabric.options().staging;
-    staging_memory_ = std::make_unique<std::byte[]>(std::size_t{staging} * (max_packet_ + kHeaderBytes));
-    s = fabric.register_own(staging_memory_.get(), std::size_t{staging} * (max_packet_ + kHeaderBytes),
-                            staging_mr_);
-    if (!s.ok()) throw Error(std::string("ofi: registering the staging packets: ") + s.what());
-    staging_desc_ = fi_mr_desc(staging_mr_.get());
+    staging_bytes_ = (mr_local_ ? max_packet_ : bundle_bytes_) + kHeaderBytes;
+    staging_memory_ = std::make_unique_for_overwrite<std::byte[]>(std::size_t{staging} * staging_bytes_);
+    if (mr_local_) {
+      const Status s = fabric.register_own(staging_memory_.get(), std::size_t{staging} * staging_bytes_, staging_mr_);
+      if (!s.ok()) throw Error(std::string("ofi: registering the staging packets: ") + s.what());
+      staging_desc_ = fi_mr_desc(staging_mr_.get());
+    }
     for (std::int32_t i = static_cast<std::int32_t>(staging) - 1; i >= 0; --i) staging_free_.push_back(i);
   }
   recv_ops_ = std::make_unique<OpContext[]>(buffers);
@@ -111,10 +117,7 @@ OfiDevice::~OfiDevice() {
     const ssize_t n = fi_cq_read(ep_.cq.get(), e, 16);
     for (ssize_t i = 0; i < n; ++i) {  // the lanes' slots only: arrivals have nobody to go to now
       auto* op = static_cast<OpContext*>(e[i].op_context);
-      if (op != nullptr && op->lane != nullptr && !(e[i].flags & FI_RECV)) {
-        release_staging(*op->lane, op->n);
-        mark_done(*op->lane, op->n);
-      }
+      if (op != nullptr && op->lane != nullptr && !(e[i].flags & FI_RECV)) complete(*op);
     }
     if (n == -FI_EAVAIL) {
       fi_cq_err_entry err{};
@@ -162,6 +165,7 @@ std::span<const int> OfiDevice::wake_fds() const {
 }
 
 Status OfiDevice::arm() {
+  if (held_) post_held();
   if (ep_.wait_fd < 0)
     return {StatusCode::not_supported,
             "ofi: the provider gives its completion queue no wait descriptor (shm has none), or AMI_OFI_WAIT "

@@ -22,6 +22,16 @@
 // the CQ data. Receives land in FI_MULTI_RECV buffers, each
 // re-posted once the provider released it (FI_MULTI_RECV in an entry).
 //
+// Bundles: a lane's first ring() of a burst (since the last progress() or
+// flush()) posts at once, so a lone message leaves now; later rings hold
+// their descriptors back until AMI_OFI_BUNDLE are ready, or until flush()
+// (the end of the context's advance()) or progress(). Consecutive small packets among them are then copied
+// into one staging packet and go as one send (kBundle, ofi_wire.hpp): one
+// provider call, and on verbs;ofi_rxm one doorbell (a system call on
+// soft-RoCE), for all of them, as the verbs backend chains its work
+// requests. The bundle's operation context stands for its slots: its
+// completion completes them all.
+//
 // -FI_EAGAIN (rxm connecting, a full queue) leaves the descriptor in the
 // FIFO, and progress() posts it again. A CQ error entry breaks its lane:
 // its FIFO fails and the sink hears on_lane_failed, as on verbs.
@@ -52,6 +62,7 @@ struct OpContext {
   fi_context2 fi{};
   OfiLane* lane = nullptr;  // nullptr: a receive buffer
   std::uint64_t n = 0;      // the slot's injection number, or the receive buffer's index
+  std::uint32_t count = 1;  // slots n, n + 1, ... the operation completes (a bundle's packets)
 };
 
 class OfiDevice;
@@ -98,6 +109,7 @@ class OfiLane final : public device::Lane {
   std::uint64_t posted_ = 0;   // descriptors below this went to the provider (or were refused)
   std::uint64_t retired_ = 0;  // the transfer counter: every slot below is done
   std::uint16_t seq_ = 0;      // the next sequenced packet's number
+  std::uint64_t rung_epoch_ = 0;  // the device's ring_epoch_ at its last ring() that posted
   std::uint64_t stall_mark_ = 0;    // retired_ when the stall watch last looked
   std::int64_t stall_since_ = 0;    // since when retired_ has stayed there with operations outstanding
   bool broken_ = false;
@@ -119,6 +131,8 @@ class OfiDevice final : public device::Device {
   device::Lane* lane(Endpoint peer) override;
   bool abandon(Endpoint peer, Status why) override;
   std::size_t progress(device::PacketSink& sink, std::size_t budget) override;
+  // Posts what ring() held back for a bundle, and starts a new burst.
+  void flush() override;
   // Sleeping (docs/DESIGN.md, "Event-driven progress"): on the CQ's wait
   // descriptor, where the provider gives one (not shm: arm() then says
   // not_supported). Every operation that does not complete at its call
@@ -135,6 +149,8 @@ class OfiDevice final : public device::Device {
   struct Counters {
     std::uint64_t packets_sent = 0;
     std::uint64_t compact_sent = 0;     // with the short header in the CQ data
+    std::uint64_t bundles_sent = 0;     // sends that carried several packets (counted in packets_sent)
+    std::uint64_t bundled = 0;          // packets sent in them
     std::uint64_t injected = 0;         // done at the call: no CQ entry asked for
     std::uint64_t rdma_posted = 0;      // PUTs and GETs
     std::uint64_t entries = 0;          // CQ entries read
@@ -143,6 +159,7 @@ class OfiDevice final : public device::Device {
     std::uint64_t refused = 0;          // descriptors refused before the wire
     std::uint64_t timed_out = 0;        // operations failed by the stall watch
     std::uint64_t packets_received = 0;
+    std::uint64_t bundles_received = 0;  // (their packets are counted in packets_received)
     std::uint64_t reordered = 0;        // packets held until an earlier one of their origin came
     std::uint64_t dropped = 0;          // from no known origin, malformed, or a sequence already seen
     std::uint64_t receive_errors = 0;
@@ -169,9 +186,15 @@ class OfiDevice final : public device::Device {
   };
 
   // data path (ofi_datapath.cpp)
+  void ring(OfiLane& lane);
   void post(OfiLane& lane);
+  void post_held();
   Step post_one(OfiLane& lane, std::uint64_t n);
   Step send_packet(OfiLane& lane, std::uint64_t n, const device::PacketDescriptor& p);
+  bool bundleable(const device::Descriptor& d) const;
+  std::uint32_t bundle_run(OfiLane& lane, std::uint64_t end) const;
+  Step send_bundle(OfiLane& lane, std::uint64_t first, std::uint32_t count);
+  void complete(OpContext& op);
   bool send_compact(OfiLane& lane, std::uint32_t immediate, std::span<const std::byte> head,
                     std::span<const std::byte> payload);
   Step rdma(OfiLane& lane, std::uint64_t n, const device::RdmaDescriptor& x, bool put);
@@ -185,6 +208,7 @@ class OfiDevice final : public device::Device {
   void on_packet(std::uint64_t data, const std::byte* bytes, std::size_t length, device::PacketSink& sink);
   void deliver(Endpoint origin, std::uint32_t flags, std::uint32_t immediate, std::span<const std::byte> rest,
                device::PacketSink& sink);
+  void deliver_bundle(Endpoint origin, std::span<const std::byte> rest, device::PacketSink& sink);
   Inbound* inbound(Endpoint origin);
   void post_receive(std::uint32_t buffer);
   void post_rescue();
@@ -211,6 +235,10 @@ class OfiDevice final : public device::Device {
   bool virt_addr_;
   std::size_t inject_;
   std::uint32_t max_packet_;
+  std::uint32_t bundle_max_;     // packets a bundle may hold (AMI_OFI_BUNDLE); 1: no bundles
+  std::size_t bundle_bytes_;     // bytes a bundle may hold after its sequence header, lengths included
+  std::uint64_t ring_epoch_ = 1;  // bursts: + 1 at every progress() and flush()
+  bool held_ = false;             // ring() held descriptors back since
 
   // Receive buffers.
   std::uint64_t recv_bytes_;
@@ -225,7 +253,10 @@ class OfiDevice final : public device::Device {
   std::byte* rescue_memory_ = nullptr;
   OpContext rescue_op_;
   bool rescue_posted_ = false;
-  // Staging packets, under FI_MR_LOCAL.
+  // Staging packets: under FI_MR_LOCAL every packet's (then registered,
+  // max_packet_ + kHeaderBytes each), elsewhere the bundles' (bundle_bytes_
+  // + kHeaderBytes each).
+  std::size_t staging_bytes_ = 0;
   std::unique_ptr<std::byte[]> staging_memory_;
   FiOwner<fid_mr> staging_mr_;
   void* staging_desc_ = nullptr;

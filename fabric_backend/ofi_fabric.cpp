@@ -39,6 +39,7 @@ OfiOptions OfiOptions::from(const Config& c) {
   if (auto local = c.number_or_auto(Param("AMI_OFI_MR_LOCAL"))) o.mr_local = *local != 0;
   if (auto ordered = c.number_or_auto(Param("AMI_OFI_ORDERED"))) o.ordered = *ordered != 0;
   o.staging = static_cast<std::uint32_t>(c.number(Param("AMI_OFI_STAGING")));
+  o.bundle = static_cast<std::uint32_t>(c.number(Param("AMI_OFI_BUNDLE")));
   o.cq_size = static_cast<std::uint32_t>(c.number(Param("AMI_OFI_CQ_SIZE")));
   o.timeout_ms = static_cast<std::uint32_t>(c.number(Param("AMI_OFI_TIMEOUT")));
   const auto wait = c.number_or_auto(Param("AMI_OFI_WAIT"));  // (nullopt: auto)
@@ -237,7 +238,7 @@ std::string OfiFabric::inventory() {
 OfiFabric::OfiFabric(std::uint32_t task, std::uint32_t tasks, std::uint16_t contexts, const OfiOptions& options,
                      std::uint8_t key_id)
     : task_(task), tasks_(tasks), contexts_(contexts), options_(options), key_id_(key_id) {
-  if (tasks > kMaxTasks) throw Error("ofi: a job of more than 2^22 tasks");
+  if (tasks > kMaxTasks) throw Error("ofi: a job of more than 2^21 tasks");
   set_universe(tasks);
   int rc = 0;
   InfoOwner list = query(options.provider, &rc);

@@ -12,7 +12,10 @@
 // where the provider completes receives out of order (rx comp_order without
 // FI_ORDER_STRICT: tcp;ofi_rxm completes a large message after later small
 // ones). Where receives complete in order (shm) packets carry no header at
-// all.
+// all. kBundle: the message holds several packets, each led by its length
+// (4 bytes), in the order sent: small packets a lane sent together, in one
+// provider call (ofi_device.hpp). A bundle is never compact, and takes one
+// sequence number.
 //
 // All of it is untrusted input: a receiver drops and counts what does not
 // parse or names no peer it knows.
@@ -28,12 +31,13 @@
 
 namespace ami::ofi {
 
-// The origin field's split: 22 bits of task, 8 of context, 2 flags.
+// The origin field's split: 21 bits of task, 8 of context, 3 flags.
 inline constexpr std::uint32_t kMaxContexts = 256;
-inline constexpr std::uint32_t kMaxTasks = 1u << 22;
+inline constexpr std::uint32_t kMaxTasks = 1u << 21;
 inline constexpr std::uint32_t kCompact = 1u << 31;    // the CQ data's upper half is the short header
 inline constexpr std::uint32_t kSequenced = 1u << 30;  // a SequenceHeader leads the packet
-inline constexpr std::uint32_t kFlags = kCompact | kSequenced;
+inline constexpr std::uint32_t kBundle = 1u << 29;     // packets, each after its length
+inline constexpr std::uint32_t kFlags = kCompact | kSequenced | kBundle;
 
 inline std::uint32_t origin_word(std::uint32_t task, std::uint16_t context) { return task << 8 | context; }
 inline std::uint32_t origin_task(std::uint32_t word) { return (word & ~kFlags) >> 8; }
@@ -45,6 +49,13 @@ struct SequenceHeader {
 };
 static_assert(sizeof(SequenceHeader) == 4);
 inline constexpr std::size_t kHeaderBytes = sizeof(SequenceHeader);
+
+// A bundle: each packet's length before it; a packet of at most
+// kBundlePacketMax bytes may join one, and a bundle holds at most
+// kBundleBytes (or the packet size, if smaller) of them, lengths included.
+inline constexpr std::size_t kBundleEntryBytes = sizeof(std::uint32_t);
+inline constexpr std::size_t kBundlePacketMax = 1024;
+inline constexpr std::size_t kBundleBytes = 8192;
 
 // Bytes a packet may carry beyond AMI_OFI_PACKET_SIZE: room for the
 // protocol's headers, so that a message of the packet size (64 KiB on shm,
