@@ -96,9 +96,9 @@ class OfiBackend final : public device::Backend {
 };
 
 // Each context's multi-receive buffers and its rescue receive's packet
-// (post_rescue(), registered with them), and its bundles' staging packets
-// (with AMI_OFI_BUNDLE above 1); the larger staging packets that only
-// providers asking for FI_MR_LOCAL need are left out.
+// (post_rescue(), registered with them), and its staging packets, a
+// packet each, where bundles need them (AMI_OFI_BUNDLE above 1; a provider
+// asking for FI_MR_LOCAL needs them too, and alone is left out).
 std::vector<device::MemoryDemand> memory(const Config& c, std::uint16_t contexts) {
   using device::MemoryDemand;
   const std::uint64_t n = c.number(Param("AMI_OFI_RECV_BUFFERS")), b = c.number(Param("AMI_OFI_RECV_BUFFER_SIZE"));
@@ -111,8 +111,8 @@ std::vector<device::MemoryDemand> memory(const Config& c, std::uint16_t contexts
       {"ofi rescue receive: one packet (AMI_OFI_PACKET_SIZE, headers included) x contexts",
        std::to_string(rescue) + " x " + std::to_string(contexts), MemoryDemand::times(rescue, contexts)}};
   if (c.number(Param("AMI_OFI_BUNDLE")) > 1) {
-    const std::uint64_t staging = c.number(Param("AMI_OFI_STAGING")), bundle = kBundleBytes + kHeaderBytes;
-    out.push_back({"ofi bundles: AMI_OFI_STAGING x bytes per bundle x contexts",
+    const std::uint64_t staging = c.number(Param("AMI_OFI_STAGING")), bundle = rescue;  // (a packet at most)
+    out.push_back({"ofi staging packets for bundles: AMI_OFI_STAGING x one packet x contexts",
                    std::to_string(staging) + " x " + std::to_string(bundle) + " x " + std::to_string(contexts),
                    MemoryDemand::times(MemoryDemand::times(staging, bundle), contexts)});
   }

@@ -32,7 +32,8 @@ inline constexpr ParamSpec kParams[] = {
     {"AMI_OFI_STAGING", "256", ParamType::power_of_two, 8, 65536,
      "Packets of the staging pool per context, used under FI_MR_LOCAL (a power of two)."},
     {"AMI_OFI_BUNDLE", "16", ParamType::unsigned_int, 1, 64,
-     "Small packets (1 KiB or less) a lane may send together as one message: a lane's first packet "
+     "Small packets a lane may send together as one message (those of which two or more fit in a packet, "
+     "or in the provider's inject size where that is 4 KiB or more, as on shm): a lane's first packet "
      "since the context last advanced goes at once, later ones wait until this many are ready or the "
      "next advance(), and consecutive small ones then go as one send (one provider call, and one "
      "doorbell on verbs;ofi_rxm, for all of them). 1: every packet is a message of its own."},

@@ -84,8 +84,8 @@ void OfiDevice::post(OfiLane& lane) {
 }
 
 // How many of the lane's descriptors from its next unposted one go in one
-// bundle: consecutive packets of at most kBundlePacketMax bytes, as many
-// as bundle_bytes_ holds with their lengths. (Not a packet that paces a
+// bundle: consecutive packets that may join one, as many as bundle_bytes_
+// holds with their lengths. (Not a packet that paces a
 // rendezvous by its delivery: it completes on its own.)
 std::uint32_t OfiDevice::bundle_run(OfiLane& lane, std::uint64_t end) const {
   std::size_t bytes = 0;
@@ -102,7 +102,7 @@ std::uint32_t OfiDevice::bundle_run(OfiLane& lane, std::uint64_t end) const {
 
 bool OfiDevice::bundleable(const device::Descriptor& d) const {
   return d.kind == device::DescriptorKind::packet &&
-         std::size_t{d.packet.inline_len} + d.packet.payload_len <= kBundlePacketMax &&
+         kBundleEntryBytes + d.packet.inline_len + d.packet.payload_len <= bundle_bytes_ / 2 &&
          !(d.packet.await_delivery && delivery_complete_);
 }
 

@@ -29,7 +29,10 @@
 // into one staging packet and go as one send (kBundle, ofi_wire.hpp): one
 // provider call, and on verbs;ofi_rxm one doorbell (a system call on
 // soft-RoCE), for all of them, as the verbs backend chains its work
-// requests. The bundle's operation context stands for its slots: its
+// requests. A bundle is at most a packet (max_packet_), or the provider's
+// inject size where that is 4 KiB or more (shm injects up to 4 KiB and
+// takes a slower path, CMA, above); a packet joins one when at least two
+// such fit. The bundle's operation context stands for its slots: its
 // completion completes them all.
 //
 // -FI_EAGAIN (rxm connecting, a full queue) leaves the descriptor in the

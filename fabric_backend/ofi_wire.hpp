@@ -50,12 +50,9 @@ struct SequenceHeader {
 static_assert(sizeof(SequenceHeader) == 4);
 inline constexpr std::size_t kHeaderBytes = sizeof(SequenceHeader);
 
-// A bundle: each packet's length before it; a packet of at most
-// kBundlePacketMax bytes may join one, and a bundle holds at most
-// kBundleBytes (or the packet size, if smaller) of them, lengths included.
+// A bundle: each packet's length before it. (How large a bundle may be is
+// the device's choice: ofi_device.hpp.)
 inline constexpr std::size_t kBundleEntryBytes = sizeof(std::uint32_t);
-inline constexpr std::size_t kBundlePacketMax = 1024;
-inline constexpr std::size_t kBundleBytes = 8192;
 
 // Bytes a packet may carry beyond AMI_OFI_PACKET_SIZE: room for the
 // protocol's headers, so that a message of the packet size (64 KiB on shm,

@@ -338,8 +338,9 @@ TEST_CASE("bundles: a burst's small packets go together, in order and whole; the
     const OfiDevice::Counters& sent = p.device[0]->counters();
     const OfiDevice::Counters& got = p.device[1]->counters();
 
-    // Small payloads join bundles; a packet over 1 KiB goes alone.
-    std::vector<std::byte> small(200), large(3000);
+    // Small payloads join bundles; a packet of which two do not fit in one
+    // (8 KiB packets; 4 KiB on shm, its inject size) goes alone.
+    std::vector<std::byte> small(200), large(5000);
     for (std::size_t i = 0; i < small.size(); ++i) small[i] = pattern(i, 99);
     for (std::size_t i = 0; i < large.size(); ++i) large[i] = pattern(i, 98);
     constexpr std::size_t kPackets = 30;
