@@ -33,17 +33,13 @@ ClientOptions options(std::uint16_t contexts, std::uint64_t fifo_depth = 256) {
 
 Config fifo(std::uint64_t depth) { return test::config_with({{"AMI_FIFO_DEPTH", std::to_string(depth)}}); }
 
-// Built twice: as test_backends for self and shm, and with AMI_TEST_VERBS as
-// test_backends_verbs, which runs where an RDMA port is (the rxe VM).
-// Between them the two cover every backend in the registry (checked at the
-// end of this file).
+// Compiled once, linked twice (tests/backends/meson.build): test_backends
+// runs the pairs of this host, test_backends_verbs those that need an RDMA
+// port (the rxe VM), chosen by name ("...<VerbsPair>"). Between them they
+// cover every backend in the registry (checked at the end of this file).
 #define BACKENDS_HERE test::SelfPair, test::ShmPair, test::OfiTcpPair, test::OfiShmPair
 #define BACKENDS_RDMA test::VerbsPair, test::OfiVerbsPair
-#ifdef AMI_TEST_VERBS
-#define BACKENDS BACKENDS_RDMA
-#else
-#define BACKENDS BACKENDS_HERE
-#endif
+#define BACKENDS BACKENDS_HERE, BACKENDS_RDMA
 
 // The registry's ids (transport/src/backends.cpp): each backend's entry in keys.
 std::uint8_t key_id(std::string_view backend) {

@@ -242,9 +242,9 @@ TEST_CASE("shm: a receiver that falls behind a sender injecting into two small b
 
 namespace {
 
+using ami::Callback;
 using ami::Endpoint;
 using ami::Status;
-using ami::Callback;
 using ami::device::Descriptor;
 using ami::device::DescriptorKind;
 using ami::device::Lane;
