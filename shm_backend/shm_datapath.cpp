@@ -319,6 +319,11 @@ std::uint64_t ShmLane::rdma_crossover() const {
   return device_.domain_.cma() ? std::uint64_t{64} * max_packet() : std::uint64_t{1} << 20;
 }
 
+// (Cells go back in batches, or when the peer has nothing else to do: a
+// receiver that takes a message whole without stopping it still gets the
+// rest, as fast as it hands cells back.)
+bool ShmLane::backlogged() const { return target_ != nullptr && target_->unconsumed() > kBacklogCells; }
+
 std::size_t ShmDevice::return_credit() { return domain_.own_queue(context_).publish(); }
 
 // Cells reserved and not yet consumed: the tail as this progress() call

@@ -46,6 +46,9 @@ class ShmLane final : public device::Lane {
   // With CMA a GET is one system call and one copy; the rings move a few
   // hundred bytes per packet. Without CMA a GET goes through the rings too.
   std::uint64_t rdma_crossover() const override;
+  // More than kBacklogCells of the peer's ring not handed back yet.
+  bool backlogged() const override;
+  static constexpr std::uint64_t kBacklogCells = 8;
   // Packets at the head of the FIFO go into the peer's ring at once, which
   // saves a round through advance() on the latency path; PUT and GET wait
   // for progress(), whose errors may run callbacks.

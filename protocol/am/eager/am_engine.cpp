@@ -28,7 +28,8 @@ constexpr std::uint32_t kEagerBurst = 16;
 // still on it (not passed by its transfer counter). The stop then finds the
 // rest unsent instead of a FIFO's worth of packets queued on a slow link,
 // which it cannot call back. Where packets leave at once (shm: into the
-// peer's ring) the window fills only while the peer's ring is full. The
+// peer's ring) the window never fills: the lane's backlogged() paces them
+// instead (docs/DESIGN.md, "Method 2"). The
 // sender decides nothing by it: a receiver that does not stop gets every
 // byte eagerly all the same.
 constexpr std::uint64_t kEagerWindow = 2;
@@ -310,6 +311,8 @@ bool AmEngine::inject_send(Peer& peer, Request& r) {
         ring(lane);  // a device that moves packets at once passes them here
         if (eager_in_flight(lane, r) >= kEagerWindow) return false;  // (service() comes back while r is queued)
       }
+      // Where packets leave at once, the peer's backlog paces instead.
+      if (r.paced && r.started && lane.backlogged()) return false;
     }
     device::Descriptor* d = lane.fifo().try_reserve();
     if (d == nullptr) return false;

@@ -72,6 +72,13 @@ class Lane {
   // data is in. The receiver's stop policy then prefers a GET (AMI_RNDV_MODE
   // auto).
   virtual bool get_beats_put() const { return false; }
+  // Where packets leave at once (shm: into the peer's ring), a packet is
+  // done before the peer has read it, so completions cannot pace a message
+  // the receiver is expected to stop: true while the peer has not yet
+  // taken much of what this lane's device put in its way. The engine then
+  // holds such a message's later eager packets until it has (or the stop
+  // came). False where completions pace (the default).
+  virtual bool backlogged() const { return false; }
   // Whether an atomic on key's region may go as a DescriptorKind::atomic
   // on this lane (the device carries it out itself, with the same
   // atomicity as the target's CPU: docs/DESIGN.md, "Remote atomics");

@@ -210,6 +210,11 @@ class ReceptionQueue {
     const std::uint64_t head = consumed_;
     return tail > head ? static_cast<std::uint32_t>(std::min<std::uint64_t>(tail - head, depth_)) : 0;
   }
+  // Producer side: cells reserved by all producers that the consumer has
+  // not handed back yet (it does so in batches: a hint, from above).
+  std::uint64_t unconsumed() const {
+    return (header_->tail.load(std::memory_order_relaxed) & ~kArmed) - header_->head.load(std::memory_order_acquire);
+  }
   // Consumer side: cells reserved so far by all producers, and consumed so
   // far. Every cell a producer had reserved when tail() was read lies below
   // it: once consumed() reaches it, none of them is left.
