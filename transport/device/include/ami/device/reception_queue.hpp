@@ -211,9 +211,12 @@ class ReceptionQueue {
     return tail > head ? static_cast<std::uint32_t>(std::min<std::uint64_t>(tail - head, depth_)) : 0;
   }
   // Producer side: cells reserved by all producers that the consumer has
-  // not handed back yet (it does so in batches: a hint, from above).
+  // not handed back yet (it does so in batches: a hint, from above). The
+  // head first: a tail read before it could lie behind it.
   std::uint64_t unconsumed() const {
-    return (header_->tail.load(std::memory_order_relaxed) & ~kArmed) - header_->head.load(std::memory_order_acquire);
+    const std::uint64_t head = header_->head.load(std::memory_order_acquire);
+    const std::uint64_t tail = header_->tail.load(std::memory_order_acquire) & ~kArmed;
+    return tail > head ? tail - head : 0;
   }
   // Consumer side: cells reserved so far by all producers, and consumed so
   // far. Every cell a producer had reserved when tail() was read lies below
