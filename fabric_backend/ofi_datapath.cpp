@@ -347,7 +347,12 @@ OfiDevice::Step OfiDevice::rdma(OfiLane& lane, std::uint64_t n, const device::Rd
   const fi_msg_rma msg{.msg_iov = &local, .desc = &desc, .iov_count = 1, .addr = lane.address_,
                        .rma_iov = &remote, .rma_iov_count = 1, .context = &op, .data = 0};
   // Where packets may pass a PUT, its completion must mean it is placed:
-  // a fin or a fence answer goes after it.
+  // a fin or a fence answer goes after it. A GET asks the same although its
+  // completion means its data is here: without it libfabric's shm takes its
+  // fast path for both, the initiator copying the peer's memory by CMA
+  // itself (faster: a 64 KiB ping-pong 12 instead of 16 us), and that path
+  // checks no key, so a stale or foreign key would read whatever the
+  // address now holds.
   const std::uint64_t flags = FI_COMPLETION | (fabric_.facts().ordered ? 0 : FI_DELIVERY_COMPLETE);
   const ssize_t rc = put ? fi_writemsg(ep_.ep.get(), &msg, flags) : fi_readmsg(ep_.ep.get(), &msg, flags);
   if (rc == -FI_EAGAIN) {
