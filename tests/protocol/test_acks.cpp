@@ -272,18 +272,23 @@ TEST_CASE("engines: a burst is answered by one ack in the receiver's lull, each 
   Pair p(4, 1000);
   p.stream(100);
   (void)p.ea.advance();
+  // The first message found none of a's awaiting b's answer: it asked to be
+  // answered when done (wire::kAnswerSoon), and was, as it arrived. The
+  // other 99 wait for the lull.
   while (p.sb.messages_received < 100) (void)p.eb.advance();  // 64 arrivals per advance
-  for (int i = 0; i < 3; ++i) (void)p.eb.advance();
-  CHECK(p.sb.acks_sent == 0);  // three idle advances: not yet
-  (void)p.eb.advance();        // the fourth
   CHECK(p.sb.acks_sent == 1);
+  CHECK(p.sb.messages_acked == 1);
+  for (int i = 0; i < 3; ++i) (void)p.eb.advance();
+  CHECK(p.sb.acks_sent == 1);  // three idle advances: not yet
+  (void)p.eb.advance();        // the fourth
+  CHECK(p.sb.acks_sent == 2);
   CHECK(p.sb.messages_acked == 100);
-  CHECK(p.eb.ack_stats({0, 0}).acks_sent == 1);
+  CHECK(p.eb.ack_stats({0, 0}).acks_sent == 2);
   CHECK(p.eb.ack_stats({0, 0}).messages_acked == 100);
   CHECK(p.eb.ack_stats({0, 1}).acks_sent == 0);
   (void)p.eb.advance();
   (void)p.ea.advance();
-  CHECK(p.sa.acks_received == 1);
+  CHECK(p.sa.acks_received == 2);
   CHECK(p.sa.messages_ack_received == 100);
   for (int n : p.remote_done) CHECK(n == 1);
   CHECK(p.failures == 0);
@@ -297,15 +302,15 @@ TEST_CASE("engines: under sustained load the window answers; the tail goes when 
     (void)p.eb.advance();
   }
   CHECK(p.sb.messages_received == 250);
-  CHECK(p.sb.acks_sent == 7);  // seven full windows, no lull yet
+  CHECK(p.sb.acks_sent == 8);  // the first message's (answered soon), seven full windows, no lull yet
   for (int i = 0; i < 1000; ++i) (void)p.eb.advance();
-  CHECK(p.sb.acks_sent == 8);  // the lull: the last 26
+  CHECK(p.sb.acks_sent == 9);  // the lull: the last 25
   for (int i = 0; i < 2; ++i) {
     (void)p.eb.advance();
     (void)p.ea.advance();
   }
   CHECK(p.sa.messages_ack_received == 250);
-  CHECK(p.sa.acks_received == 8);
+  CHECK(p.sa.acks_received == 9);
   for (int n : p.remote_done) CHECK(n == 1);
 }
 
@@ -328,9 +333,11 @@ TEST_CASE("engines: a fence's answer goes through the dispatcher, at once, with 
                         ++static_cast<Pair*>(c)->fences_done;
                       }, &p}).ok());
   (void)p.ea.advance();
-  (void)p.eb.advance();  // the five messages and the fence: one ack answers them all, no lull awaited
+  // The first message's ack goes as it arrives (answered soon); the other
+  // four and the fence: one ack answers them all, no lull awaited.
+  (void)p.eb.advance();
   CHECK(p.sb.fences_answered == 1);
-  CHECK(p.sb.acks_sent == 1);
+  CHECK(p.sb.acks_sent == 2);
   CHECK(p.sb.messages_acked == 6);
   (void)p.eb.advance();  // (the ack packet leaves)
   (void)p.ea.advance();
@@ -356,20 +363,46 @@ TEST_CASE("engines: a fence is answered while its target never has a lull") {
     (void)p.ea.advance();
     CHECK(fences == round + 1);
   }
-  CHECK(p.sb.acks_sent == 20);
+  CHECK(p.sb.acks_sent == 40);  // per round: the first message's (answered soon), and the fence's with the rest
+}
+
+TEST_CASE("engines: a message alone among its sender's unanswered ones is answered when done") {
+  // No lull in sight (threshold 1000): the sender waits on its only
+  // message (a ping-pong of long messages, a collective's step).
+  Pair p(1000, 64);
+  for (int round = 0; round < 3; ++round) {
+    p.stream(1);
+    (void)p.ea.advance();
+    (void)p.eb.advance();
+    CHECK(p.sb.acks_sent == static_cast<std::uint64_t>(round) + 1);
+    (void)p.eb.advance();  // (the ack packet leaves)
+    (void)p.ea.advance();
+    CHECK(p.remote_done[static_cast<std::size_t>(round)] == 1);
+  }
+  // Two at once: the second is not alone and waits for a batch.
+  p.stream(2);
+  (void)p.ea.advance();
+  (void)p.eb.advance();
+  CHECK(p.sb.acks_sent == 4);
+  CHECK(p.sb.messages_acked == 4);
+  for (int i = 0; i < 1000; ++i) (void)p.eb.advance();
+  CHECK(p.sb.acks_sent == 5);
+  CHECK(p.sb.messages_acked == 5);
 }
 
 TEST_CASE("engines: a context's idle advances are work while it owes acks") {
   Pair p(2, 64);
-  p.stream(1);
+  p.stream(2);
   (void)p.ea.advance();
-  CHECK(p.eb.advance() != 0);  // the arrival
-  CHECK(p.eb.advance() != 0);  // idle, but an ack is owed
-  CHECK(p.sb.acks_sent == 0);
-  CHECK(p.eb.advance() != 0);  // the lull: the ack goes
+  CHECK(p.eb.advance() != 0);  // the arrivals; the first, answered soon, is acked
   CHECK(p.sb.acks_sent == 1);
+  CHECK(p.eb.advance() != 0);  // idle, but an ack is owed (the second's)
+  CHECK(p.sb.acks_sent == 1);
+  CHECK(p.eb.advance() != 0);  // the lull: the ack goes
+  CHECK(p.sb.acks_sent == 2);
   std::size_t work = 1;
   for (int i = 0; i < 10 && work != 0; ++i) work = p.eb.advance() + p.ea.advance();
   CHECK(work == 0);
   CHECK(p.remote_done[0] == 1);
+  CHECK(p.remote_done[1] == 1);
 }

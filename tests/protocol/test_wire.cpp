@@ -69,6 +69,14 @@ TEST_CASE("bad magic, version, type and flags") {
   h = good();
   h.flags = 0x8000;
   CHECK(decode_bytes(packet(h, 8, 16)) == DecodeError::bad_flags);
+  // Answer-soon only on a first packet that wants an answer.
+  h = good();
+  h.flags = kAnswerSoon;
+  CHECK(decode_bytes(packet(h, 8, 16)) == DecodeError::bad_flags);
+  h = make_header(PacketType::am_first, 3, 42, 64, 7, 16, 8, kWantsRemoteDone | kAnswerSoon);
+  CHECK(decode_bytes(packet(h, 8, 16)) == DecodeError::none);
+  h = make_header(PacketType::am_more, 3, 42, 64, 16, 16, 0, kAnswerSoon);
+  CHECK(decode_bytes(packet(h, 0, 16)) == DecodeError::bad_flags);
 }
 
 TEST_CASE("oversize and inconsistent lengths") {

@@ -331,9 +331,15 @@ bool AmEngine::inject_send(Peer& peer, Request& r) {
       build_packet(*d, wire::make_header(wire::PacketType::am_more, r.dispatch, r.id(), r.total, r.sent, n, 0, 0),
                    {}, {r.payload + r.sent, n}, r.rndv ? &r.registration.local_keys : nullptr);
     } else {
+      // Alone among this receiver's answers owed to us, it asks to be
+      // answered when done: a batch would have nothing to join it, and a
+      // sender waiting on it (a collective's step, a ping-pong of long
+      // messages) would wait for the receiver's lull (docs/DESIGN.md, method 4).
+      const bool alone = peer.state->unanswered.head == nullptr;
       const std::uint64_t seq = (r.flags & wire::kWantsAnswer) ? expect_answer(peer, r) : 0;
+      const std::uint16_t flags = r.flags | (seq != 0 && alone ? wire::kAnswerSoon : 0);
       const wire::PacketHeader h = wire::make_header(wire::PacketType::am_first, r.dispatch, r.id(), r.total,
-                                                     seq, n, static_cast<std::uint16_t>(hdr), r.flags);
+                                                     seq, n, static_cast<std::uint16_t>(hdr), flags);
       std::size_t k = wire::encode(h, {r.header.data(), hdr}, d->packet.inline_data);
       if (info != 0) {
         wire::RendezvousInfo{r.registration.key, reinterpret_cast<std::uintptr_t>(r.payload)}.encode(

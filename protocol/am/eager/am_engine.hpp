@@ -176,6 +176,7 @@ class AmEngine final : public device::PacketSink {
     std::byte* buffer = nullptr;   // null: the data is discarded
     Callback done;
     bool wants_remote_done = false;
+    bool answer_soon = false;  // the sender asked for its ack when done (wire::kAnswerSoon)
     std::uint16_t answer_flags = 0;
     wire::StopMode mode = wire::StopMode::discard_get;
     wire::RendezvousInfo source{};  // the sender's buffer
@@ -201,6 +202,7 @@ class AmEngine final : public device::PacketSink {
     std::byte* buffer = nullptr;
     Callback done;
     bool wants_remote_done = false;
+    bool answer_soon = false;  // the sender asked for its ack when done (wire::kAnswerSoon)
     std::uint16_t answer_flags = 0;  // ack flags owed when it completes
     bool rndv = false;               // the sender waits for an ack, and the message may be stopped
     bool zero_copy = false;
@@ -379,9 +381,10 @@ class AmEngine final : public device::PacketSink {
   }
   void end_previous(Peer& peer);
   // A message that came whole to its handler, then its answer if it wants
-  // one (seq != 0); false when no handler has its dispatch id.
+  // one (seq != 0), at once when soon; false when no handler has its
+  // dispatch id.
   bool deliver_whole(Peer& peer, std::uint16_t dispatch, std::span<const std::byte> user_header,
-                     std::span<const std::byte> payload, std::uint64_t seq, bool wants_answer);
+                     std::span<const std::byte> payload, std::uint64_t seq, bool wants_answer, bool soon);
   // The handler of a dispatch id; an id beyond the table names none (an
   // unknown one).
   Dispatch handler_for(std::uint16_t id) const { return id < kMaxDispatch ? dispatch_[id] : Dispatch{}; }

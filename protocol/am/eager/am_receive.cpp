@@ -132,16 +132,16 @@ void AmEngine::on_packet(Endpoint origin, std::span<const std::byte> bytes) {
 [[gnu::always_inline]] inline bool AmEngine::deliver_whole(Peer& peer, std::uint16_t dispatch,
                                                           std::span<const std::byte> user_header,
                                                           std::span<const std::byte> payload, std::uint64_t seq,
-                                                          bool wants_answer) {
+                                                          bool wants_answer, bool soon) {
   const Dispatch d = handler_for(dispatch);
   if (d.fn == nullptr) {
     ++stats_.unknown_dispatch;
     stats_.discarded_bytes += payload.size();
-    if (seq != 0) ack(peer, seq, wire::kDispatchMissing, wants_answer);
+    if (seq != 0) ack(peer, seq, wire::kDispatchMissing, wants_answer, soon);
     return false;
   }
   d.fn(d.cookie, Incoming{peer.state->endpoint, dispatch, user_header, payload, payload.size(), false}, nullptr);
-  if (seq != 0) ack(peer, seq, 0, wants_answer);
+  if (seq != 0) ack(peer, seq, 0, wants_answer, soon);
   return true;
 }
 
@@ -159,7 +159,7 @@ void AmEngine::on_compact_packet(Endpoint origin, std::uint32_t immediate, std::
   begin_message(*peer);
   ++stats_.messages_received;
   stats_.bytes_received += m.payload.size();
-  deliver_whole(*peer, m.dispatch, m.user_header, m.payload, 0, false);
+  deliver_whole(*peer, m.dispatch, m.user_header, m.payload, 0, false, false);
 }
 
 AmEngine::Peer* AmEngine::admit_other(Endpoint origin) {
@@ -239,7 +239,7 @@ void AmEngine::on_first(Peer& peer, const wire::PacketView& v) {
     ++stats_.messages_received;
     stats_.bytes_received += v.payload.size();
     deliver_whole(peer, v.header.dispatch, v.user_header, v.payload, v.header.offset,
-                  (v.header.flags & wire::kWantsRemoteDone) != 0);
+                  (v.header.flags & wire::kWantsRemoteDone) != 0, (v.header.flags & wire::kAnswerSoon) != 0);
     return;
   }
   on_first_long(peer, v, rndv);
@@ -257,9 +257,10 @@ void AmEngine::on_first_long(Peer& peer, const wire::PacketView& v, bool rndv) {
   ++stats_.messages_received;
   stats_.bytes_received += v.payload.size();
   const bool wants_answer = (v.header.flags & wire::kWantsRemoteDone) != 0;
+  const bool soon = (v.header.flags & wire::kAnswerSoon) != 0;
   const std::uint64_t seq = v.header.offset;  // ack sequence number (0: no answer wanted)
   if (v.payload.size() == v.header.total_len) {  // whole
-    if (deliver_whole(peer, v.header.dispatch, v.user_header, v.payload, seq, wants_answer) && rndv)
+    if (deliver_whole(peer, v.header.dispatch, v.user_header, v.payload, seq, wants_answer, soon) && rndv)
       ++stats_.rndv_eager_complete;
     return;
   }
@@ -270,7 +271,7 @@ void AmEngine::on_first_long(Peer& peer, const wire::PacketView& v, bool rndv) {
     // Dropped as it comes (or stopped: nobody wants it); acked at the end.
     rx = Reassembly{.active = true, .message_id = v.header.message_id, .ack_seq = seq,
                     .total = v.header.total_len, .received = v.payload.size(), .wants_remote_done = wants_answer,
-                    .answer_flags = wire::kDispatchMissing, .rndv = rndv, .source = named};
+                    .answer_soon = soon, .answer_flags = wire::kDispatchMissing, .rndv = rndv, .source = named};
     if (rndv) consider_stop(peer);
     return;
   }
@@ -285,7 +286,7 @@ void AmEngine::on_first_long(Peer& peer, const wire::PacketView& v, bool rndv) {
   Deferred* defer = can_defer && recv.buffer == nullptr ? recv.defer : nullptr;
   rx = Reassembly{.active = true, .message_id = v.header.message_id, .ack_seq = seq,
                   .total = v.header.total_len, .received = v.payload.size(), .buffer = static_cast<std::byte*>(recv.buffer),
-                  .done = recv.done, .wants_remote_done = wants_answer, .answer_flags = 0,
+                  .done = recv.done, .wants_remote_done = wants_answer, .answer_soon = soon, .answer_flags = 0,
                   .rndv = rndv, .zero_copy = recv.zero_copy, .memory = recv.memory, .defer = defer,
                   .piece = recv.buffer == nullptr && defer == nullptr ? recv.piece : nullptr,
                   .piece_cookie = recv.piece_cookie,
@@ -348,7 +349,7 @@ void AmEngine::complete_rx(Peer& peer, Status s) {
   if (rx.done) rx.done(s);
   std::uint16_t flags = rx.answer_flags;
   if (!s.ok()) flags |= wire::kFailed;
-  if (rx.ack_seq != 0) ack(peer, rx.ack_seq, flags, rx.wants_remote_done);
+  if (rx.ack_seq != 0) ack(peer, rx.ack_seq, flags, rx.wants_remote_done, rx.answer_soon);
 }
 
 void AmEngine::ack(Peer& peer, std::uint64_t ack_seq, std::uint16_t flags, bool remote_done, bool urgent) {

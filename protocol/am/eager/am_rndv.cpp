@@ -53,6 +53,7 @@ bool AmEngine::stop(Peer& peer, const rndv::Decision& d) {
   in.buffer = rx.buffer;
   in.done = rx.done;
   in.wants_remote_done = rx.wants_remote_done;
+  in.answer_soon = rx.answer_soon;
   in.answer_flags = rx.answer_flags;
   in.mode = d.mode;
   in.source = rx.source;
@@ -179,7 +180,7 @@ void AmEngine::check_inbound(Inbound& in) {
     // (After a whole stop_put the sender's fin settled it; after one shared
     // with a GET it waits for this ack, as its buffer was read.)
     if (in.mode != wire::StopMode::stop_put || in.split || in.wants_remote_done)
-      ack(peers_[in.peer], in.ack_seq, flags, in.wants_remote_done);
+      ack(peers_[in.peer], in.ack_seq, flags, in.wants_remote_done, in.answer_soon);
   }
   if (in.in_place && in.end_seen) {
     Reassembly& rx = peers_[in.peer].state->rx;

@@ -120,6 +120,10 @@ DecodeError decode(std::span<const std::byte> packet, PacketView& out) {
   if (packet.size() < sizeof(PacketHeader)) return DecodeError::truncated;
   std::memcpy(&h, packet.data(), sizeof h);
   if ((h.flags & ~kKnownFlags) != 0) return DecodeError::bad_flags;
+  // (Only a first packet that wants an answer can ask for it soon.)
+  if ((h.flags & kAnswerSoon) != 0 &&
+      (h.type != static_cast<std::uint8_t>(PacketType::am_first) || (h.flags & kWantsAnswer) == 0))
+    return DecodeError::bad_flags;
   if (DecodeError e = check_lengths(h, packet.size()); e != DecodeError::none) return e;
   if (DecodeError e = check_offsets(h); e != DecodeError::none) return e;
   const std::size_t extra = extra_bytes(h);

@@ -94,8 +94,10 @@ enum PacketFlags : std::uint16_t {
   kDispatchMissing = 1u << 1,  // ack: the target had no handler
   kRendezvous = 1u << 2,       // am_first: the receiver may stop it; it must be acked
   kFailed = 1u << 3,           // ack: the data did not all arrive (a GET failed)
+  kAnswerSoon = 1u << 4,       // am_first wanting an answer: nothing else of its sender's awaits one from
+                               // this receiver, so no batch would share the ack: answer when done
 };
-inline constexpr std::uint16_t kKnownFlags = kWantsRemoteDone | kDispatchMissing | kRendezvous | kFailed;
+inline constexpr std::uint16_t kKnownFlags = kWantsRemoteDone | kDispatchMissing | kRendezvous | kFailed | kAnswerSoon;
 // An am_first with either flag wants an ack.
 inline constexpr std::uint16_t kWantsAnswer = kWantsRemoteDone | kRendezvous;
 
