@@ -46,6 +46,7 @@ class ShmLane final : public device::Lane {
   // With CMA a GET is one system call and one copy; the rings move a few
   // hundred bytes per packet. Without CMA a GET goes through the rings too.
   std::uint64_t rdma_crossover() const override;
+  bool oversubscribed() const override;
   // More than kBacklogCells of the peer's ring not handed back yet.
   bool backlogged() const override;
   static constexpr std::uint64_t kBacklogCells = 8;

@@ -9,6 +9,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "ami/device/coarse_clock.hpp"
@@ -46,7 +47,8 @@ ShmDomain::ShmDomain(std::uint32_t task, std::uint32_t tasks, std::uint16_t cont
     : task_(task), tasks_(tasks), regions_(regions),
       own_(task, contexts, options.queue_depth, options.cell_bytes, regions.capacity()),
       peers_(std::make_unique<Peer[]>(tasks)), cma_(options.cma && cma_allowed()),
-      stall_timeout_ms_(options.stall_timeout_ms), key_id_(key_id) {
+      stall_timeout_ms_(options.stall_timeout_ms),
+      cpus_(static_cast<std::uint32_t>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)))), key_id_(key_id) {
   regions.publish_to(own_.regions());
   deaths_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   if (deaths_fd_ < 0) throw Error("shm: epoll_create1", errno);

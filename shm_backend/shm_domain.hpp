@@ -59,6 +59,8 @@ class ShmDomain {
   int segment_fd() const { return own_.fd(); }
   const device::RegionTable& regions() const { return regions_; }
   std::uint32_t stall_timeout_ms() const { return stall_timeout_ms_; }
+  // CPUs online on this host, read once.
+  std::uint32_t cpus() const { return cpus_; }
   std::uint8_t key_id() const { return key_id_; }
 
   // Records a peer of this host: at setup, or on demand while contexts run
@@ -181,6 +183,7 @@ class ShmDomain {
   device::PeerDirectory* directory_ = nullptr;  // the Client's
   std::atomic<bool> cma_;
   std::uint32_t stall_timeout_ms_;
+  std::uint32_t cpus_;
   std::uint8_t key_id_;
   // Taken to map a peer for the first time, by watch() and
   // look_at_unmapped_peers() (which skip a round while it is held), and by

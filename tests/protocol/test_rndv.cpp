@@ -53,6 +53,18 @@ TEST_CASE("stop policy: each input stops for its own reason; auto moves the rest
   d = protocol::rndv::decide([&] { auto i = in; i.crossover = 4096; i.get_beats_put = true; i.configured = Mode::stop_put; return i; }());
   CHECK(d.mode == wire::StopMode::stop_put);
 
+  // A peer competing for the host's CPUs: auto has the receiver GET the
+  // whole rest alone (before the lane's GET preference); a mode asked for stays.
+  d = protocol::rndv::decide([&] { auto i = in; i.crossover = 4096; i.oversubscribed = true; i.get_beats_put = true; return i; }());
+  CHECK(d.stop);
+  CHECK(d.mode == wire::StopMode::discard_get);
+  CHECK(d.path == StopPath::discard_get);
+  CHECK(d.put_end == in.total);
+  d = protocol::rndv::decide([&] { auto i = in; i.crossover = 4096; i.oversubscribed = true; i.configured = Mode::stop_put;
+                                      i.split_min = 16384; return i; }());
+  CHECK(d.mode == wire::StopMode::stop_put);
+  CHECK(d.put_end != in.total);  // shared with a GET, as without oversubscription
+
   d = protocol::rndv::decide([&] { auto i = in; i.has_buffer = false; i.configured = Mode::stop_put; return i; }());
   CHECK(d.reason == StopReason::no_buffer);
   CHECK(d.mode == wire::StopMode::discard_get);  // on the wire: drop what still comes, whatever the mode

@@ -25,7 +25,8 @@ void AmEngine::consider_stop(Peer& peer) {
                         .crossover = shape_.options.rndv_crossover.value_or(peer.lane->rdma_crossover()),
                         .configured = shape_.options.rndv_mode,
                         .split_min = rndv::kSplitMin,
-                        .get_beats_put = peer.lane->get_beats_put()};
+                        .get_beats_put = peer.lane->get_beats_put(),
+                        .oversubscribed = peer.lane->oversubscribed()};
   ++stats_.rndv_decisions;
   stats_.reception_load_max = std::max(stats_.reception_load_max, in.reception_load);
   const rndv::Decision d = rndv::decide(in);

@@ -37,7 +37,11 @@ Decision decide(const Inputs& in) {
     case Mode::discard_get: d.mode = wire::StopMode::discard_get; break;
     case Mode::split_get: d.mode = wire::StopMode::split_get; break;
     case Mode::stop_put: d.mode = wire::StopMode::stop_put; break;
-    case Mode::automatic: d.mode = in.get_beats_put ? wire::StopMode::split_get : wire::StopMode::stop_put; break;
+    case Mode::automatic:
+      d.mode = in.oversubscribed  ? wire::StopMode::discard_get
+               : in.get_beats_put ? wire::StopMode::split_get
+                                  : wire::StopMode::stop_put;
+      break;
   }
   d.path = static_cast<StopPath>(static_cast<unsigned>(d.mode) - 1);  // the three wire modes come first
   d.put_end = in.total;

@@ -72,6 +72,12 @@ class Lane {
   // data is in. The receiver's stop policy then prefers a GET (AMI_RNDV_MODE
   // auto).
   virtual bool get_beats_put() const { return false; }
+  // The peer competes with others for this host's CPUs (more tasks here
+  // than CPUs online): work that needs the peer's CPU, as its PUT of a
+  // stopped message's rest, waits until the scheduler runs it. The
+  // receiver's stop policy then has it GET the rest alone (AMI_RNDV_MODE
+  // auto).
+  virtual bool oversubscribed() const { return false; }
   // Where packets leave at once (shm: into the peer's ring), a packet is
   // done before the peer has read it, so completions cannot pace a message
   // the receiver is expected to stop: true while the peer has not yet
