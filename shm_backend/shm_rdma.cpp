@@ -144,7 +144,7 @@ Status ShmDevice::atomic_on_mapping(ShmLane& lane, const device::AtomicRef& a, s
   Status s = shared_target(lane, a.remote, a.remote_address, width, shared_fd, word);
   // (A view dropped since offloads_atomic() said yes, and not mappable
   // again: the op cannot go another way now without mixing paths.)
-  if (s.ok() && reinterpret_cast<std::uintptr_t>(word) % width != 0)
+  if (s.ok() && !aligned_for(reinterpret_cast<std::uintptr_t>(word), a.type))
     s = {StatusCode::invalid_argument, "atomic: the remote address is misaligned for its width"};
   if (!s.ok()) return s;
   const std::uint64_t old = device::cpu_atomic(a.op, a.type, word, a.operand, a.compare);

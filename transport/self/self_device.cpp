@@ -112,7 +112,7 @@ Status SelfDevice::atomic_on(const device::AtomicRef& a) {
   const std::size_t width = width_of(a.type);
   std::byte* word = nullptr;
   Status s = domain_.regions().check(a.remote, a.remote_address, width, word);
-  if (s.ok() && a.remote_address % width != 0)
+  if (s.ok() && !aligned_for(a.remote_address, a.type))
     s = {StatusCode::invalid_argument, "atomic: the remote address is misaligned for its width"};
   if (!s.ok()) return s;
   const std::uint64_t old = device::cpu_atomic(a.op, a.type, word, a.operand, a.compare);

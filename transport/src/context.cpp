@@ -248,7 +248,7 @@ Status check_atomic(const Client& client, const AtomicParams& p) {
   const std::uint64_t width = width_of(p.type);
   if (p.remote_offset > p.remote.length || width > p.remote.length - p.remote_offset)
     return {StatusCode::remote_access, "atomic: the word lies outside the remote key's region (out of bounds)"};
-  if ((p.remote.address + p.remote_offset) % width != 0)
+  if (!aligned_for(p.remote.address + p.remote_offset, p.type))
     return {StatusCode::invalid_argument, "atomic: the remote address is misaligned for the type's width"};
   return Status::success();
 }

@@ -144,7 +144,7 @@ void AmEngine::on_atomic(Peer& peer, const wire::PacketView& v) {
       reply.refusal = std::strstr(s.what(), "stale") != nullptr || std::strstr(s.what(), "names no region") != nullptr
                           ? wire::AtomicRefusal::stale_key
                           : wire::AtomicRefusal::out_of_bounds;
-    else if (address % width != 0)
+    else if (!aligned_for(address, type))
       reply.refusal = wire::AtomicRefusal::misaligned;
   }
   if (peer.state->controls.size() >= 4 * std::size_t{shape_.options.max_requests}) {
