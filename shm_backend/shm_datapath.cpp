@@ -309,15 +309,16 @@ std::size_t ShmDevice::progress(device::PacketSink& sink, std::size_t budget) {
 
 namespace ami::shm {
 
+// The tasks known on this host (learnt at setup, or as used) and this one,
+// against the CPUs online.
+bool ShmLane::oversubscribed() const { return device_.domain_.peers_known() + 1 > device_.domain_.cpus(); }
+
 // With CMA: about where the rest of a message streamed through the ring
 // takes as long as a stop and a PUT (shared with a GET, rndv::kSplitMin).
 // The cost of the eager path is per packet, so it is counted in packets:
 // with the default 256-byte cells (64 packets: 14.5 KiB), measured as
 // bench/rndv_sweep.sh does, messages of 12 KiB arrived 12% sooner eagerly,
 // of 16 KiB 7% sooner stopped at the first packet.
-// The tasks known on this host (learnt at setup, or as used) and this one.
-bool ShmLane::oversubscribed() const { return device_.domain_.peers_known() + 1 > device_.domain_.cpus(); }
-
 std::uint64_t ShmLane::rdma_crossover() const {
   return device_.domain_.cma() ? std::uint64_t{64} * max_packet() : std::uint64_t{1} << 20;
 }

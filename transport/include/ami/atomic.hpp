@@ -33,8 +33,7 @@ constexpr std::size_t width_of(AtomicType t) {
 }
 constexpr bool returns_old(AtomicOp op) { return op != AtomicOp::add; }
 // Is address a multiple of the type's width? (A mask: the widths are powers
-// of two, and a division costs more than the rest of an atomic on a mapped
-// word.)
+// of two, which `% width_of(t)` left to a division.)
 constexpr bool aligned_for(std::uint64_t address, AtomicType t) { return (address & (width_of(t) - 1)) == 0; }
 
 }  // namespace ami
