@@ -59,7 +59,7 @@ class ShmLane final : public device::Lane {
   // engine does on its own (docs/DESIGN.md, "Remote atomics"). A region
   // reached only by CMA (registered memory) is not: CMA copies, it cannot
   // do an atomic, so the owner's engine does those.
-  bool offloads_atomic(const RemoteKey& key) override;
+  bool offloads_atomic(const RemoteKey& key, AtomicOp op, AtomicType type) override;
   Status atomic_in_place(const device::AtomicRef& a) override;
 
  private:

@@ -107,7 +107,11 @@ ShmDevice::Step ShmDevice::rdma_mapped(ShmLane& lane, std::uint64_t n, std::uint
   return Step::done;
 }
 
-bool ShmLane::offloads_atomic(const RemoteKey& key) { return device_.maps_region(*this, key); }
+// Only a CPU-domain region: a NIC-domain one's atomics go to its owner,
+// which does them through its NIC (docs/DESIGN.md, "Remote atomics").
+bool ShmLane::offloads_atomic(const RemoteKey& key, AtomicOp, AtomicType) {
+  return key.atomics == AtomicDomain::cpu && device_.maps_region(*this, key);
+}
 
 bool ShmDevice::maps_region(const ShmLane& lane, const RemoteKey& key) {
   std::uint32_t shared_fd = 0;
@@ -132,7 +136,8 @@ void ShmDevice::atomic_mapped(ShmLane& lane, std::uint64_t n, const device::Atom
 Status ShmLane::atomic_in_place(const device::AtomicRef& a) {
   static constexpr Status kNotMapped{StatusCode::not_supported, "shm: the region is not mapped here"};
   std::uint32_t shared_fd = 0;
-  if (!failure_.ok() || !decode_entry(a.remote.entry(device_.domain_.key_id()), shared_fd) || shared_fd == 0)
+  if (!failure_.ok() || a.remote.atomics != AtomicDomain::cpu ||
+      !decode_entry(a.remote.entry(device_.domain_.key_id()), shared_fd) || shared_fd == 0)
     return kNotMapped;
   const Status s = device_.atomic_on_mapping(*this, a, shared_fd);
   return s == StatusCode::unreachable ? kNotMapped : s;

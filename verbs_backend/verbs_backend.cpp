@@ -92,6 +92,9 @@ class VerbsBackend final : public device::Backend {
     Status s = domain_.register_region(region, address, length, lkey, rkey);
     if (!s.ok()) return s;
     keys.set_local(lkey);
+    // Registered for remote atomics where the device does them; each
+    // context can reach its own regions through its NIC (atomic_loopback()).
+    if (domain_.port().atomics()) keys.offer_nic_atomics();
     return keys.set_remote(rkey_entry(rkey));
   }
   void deregister_region(std::uint32_t region) override { domain_.deregister_region(region); }

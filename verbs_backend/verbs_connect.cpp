@@ -13,12 +13,12 @@
 
 namespace ami::verbs {
 
-int qp_to_init(ibv_qp* qp, std::uint8_t port) {
+int qp_to_init(ibv_qp* qp, std::uint8_t port, int access) {
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_INIT;
   a.pkey_index = 0;
   a.port_num = port;
-  a.qp_access_flags = kQpAccess;
+  a.qp_access_flags = static_cast<unsigned>(access);
   return errno_of_rc(
       ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS));
 }

@@ -159,16 +159,46 @@ std::byte* VerbsLane::stage(std::uint32_t bytes) {
     signal = get;
     return Made::wr;
   };
+  // Built only where offloads_atomic() said yes: 64-bit fetch_add, add or
+  // compare_swap on a NIC-domain region. The old value lands in the slot
+  // (the FIFO's slots are registered), and retire() copies it out.
+  auto atomic = [&](const device::AtomicDescriptor& a) {
+    std::uint32_t rkey = 0;
+    if (!rkey_of(a.remote, key_id_, rkey) || a.remote.atomics != AtomicDomain::nic) {
+      refuse(lane, n, wr, {StatusCode::not_supported, "verbs: the region's atomics are not its NIC's"});
+      return Made::refused;
+    }
+    const RemoteKey& k = a.remote;
+    if (a.remote_address < k.address || a.remote_address - k.address > k.length ||
+        k.length - (a.remote_address - k.address) < 8) {
+      refuse(lane, n, wr, {StatusCode::remote_access, "verbs: the word lies outside the remote key's region"});
+      return Made::refused;
+    }
+    if ((a.remote_address & 7) != 0 || width_of(a.type) != 8 ||
+        !(a.op == AtomicOp::fetch_add || a.op == AtomicOp::add || a.op == AtomicOp::compare_swap)) {
+      refuse(lane, n, wr, {StatusCode::invalid_argument, "verbs: the NIC does 64-bit fetch-add and compare-swap "
+                                                         "on aligned words only"});
+      return Made::refused;
+    }
+    const bool cas = a.op == AtomicOp::compare_swap;
+    wr.opcode = cas ? IBV_WR_ATOMIC_CMP_AND_SWP : IBV_WR_ATOMIC_FETCH_AND_ADD;
+    wr.wr.atomic.remote_addr = a.remote_address;
+    wr.wr.atomic.rkey = rkey;
+    wr.wr.atomic.compare_add = cas ? a.compare : a.operand;
+    wr.wr.atomic.swap = cas ? a.operand : 0;
+    add_sge(wr, &fifo.at(n).atomic.landing, 8, lane.slots_mr_->lkey);
+    if (a.result != nullptr) {
+      lane.results_[n & (fifo_depth_ - 1)] = a.result;
+      ++lane.atomics_in_flight_;
+    }
+    signal = true;  // its old value is what its callback waits for
+    return Made::wr;
+  };
   const Made made = device::visit(d, device::cases(
       /*packet*/ packet,
       /*put*/ [&](const device::RdmaDescriptor& x) { return rdma(x, false); },
       /*get*/ [&](const device::RdmaDescriptor& x) { return rdma(x, true); },
-      // Never built for this lane (offloads_atomic() is false): atomics to
-      // a verbs peer go as messages its engine executes.
-      /*atomic*/ [&](const device::AtomicDescriptor&) {
-        refuse(lane, n, wr, {StatusCode::not_supported, "verbs: atomics are not offloaded on this lane"});
-        return Made::refused;
-      }));
+      /*atomic*/ [&](const device::AtomicDescriptor& a) { return atomic(a); }));
   if (made != Made::wr) return made == Made::refused;
   choose_signal(lane, n, wr, signal);
   return true;
@@ -404,8 +434,24 @@ void VerbsDevice::post_probe(VerbsLane& lane) {
 void VerbsDevice::retire(VerbsLane& lane, std::uint64_t counter) {
   auto& tc = lane.fifo().counter();
   if (counter <= tc.snapshot()) return;  // slot counter - 1 may hold a newer WR's mark
+  if (lane.atomics_in_flight_ != 0) land_atomics(lane, counter);
   lane.staging_tail_ = lane.staging_end_[(counter - 1) & (fifo_depth_ - 1)];
   tc.advance_to(counter);
+}
+
+// The old values of the atomics the counter passes now go to their callers'
+// buffers (width bytes: a 64-bit word, little-endian), before their
+// callbacks can run.
+void VerbsDevice::land_atomics(VerbsLane& lane, std::uint64_t counter) {
+  auto& fifo = lane.fifo();
+  for (std::uint64_t n = fifo.counter().snapshot(); n < counter && lane.atomics_in_flight_ != 0; ++n) {
+    void*& to = lane.results_[n & (fifo_depth_ - 1)];
+    if (to == nullptr) continue;
+    const device::Descriptor& d = fifo.at(n);
+    std::memcpy(to, &d.atomic.landing, width_of(d.atomic.type));
+    to = nullptr;
+    --lane.atomics_in_flight_;
+  }
 }
 
 // The work request that failed gets its own status (remote_access when the
@@ -426,6 +472,10 @@ void VerbsDevice::break_lane(VerbsLane& lane, std::uint64_t first_failed, Status
       static_cast<unsigned long long>(fifo.injected() - first_failed),
       static_cast<unsigned long long>(first_failed));
   retire(lane, first_failed);  // an RC send queue completes in order: those before it succeeded
+  if (lane.atomics_in_flight_ != 0) {  // failed atomics write no result
+    std::fill_n(lane.results_.get(), fifo_depth_, nullptr);
+    lane.atomics_in_flight_ = 0;
+  }
   fifo.complete();
   if (first_failed < fifo.injected()) fifo.fail_one(first_failed, status);
   fifo.fail_pending(lane.failure_);
@@ -582,7 +632,9 @@ std::size_t VerbsDevice::progress_rest(device::PacketSink& sink, std::size_t bud
     for (VerbsLane* lane : active_)
       if (lane->broken_ && !lane->reported_) {
         lane->reported_ = true;
-        sink.on_lane_failed(lane->peer(), lane->failure_);
+        // (The atomic loopback is no peer's: its failed atomics were its
+        // callbacks' to hear.)
+        if (!lane->loopback_) sink.on_lane_failed(lane->peer(), lane->failure_);
         ++work;
       }
     broken_lanes_ = 0;

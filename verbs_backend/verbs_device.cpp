@@ -20,12 +20,14 @@ VerbsLane::VerbsLane(VerbsDevice& device, Endpoint peer, std::uint32_t index, ib
       max_packet_(max_packet),
       staging_size_((std::uint64_t{device.domain_.options().staging_bytes} + 63) / 64 * 64),
       staging_end_(std::make_unique<std::uint64_t[]>(fifo_depth)),
-      refused_(std::make_unique<Status[]>(fifo_depth)) {
+      refused_(std::make_unique<Status[]>(fifo_depth)),
+      results_(std::make_unique<void*[]>(fifo_depth)) {
   ibv_pd* pd = device.domain_.pd();
   // The descriptors stay put while their slot is in flight, so a packet's
-  // inline bytes are sent straight from the slot.
-  slots_mr_ = register_memory(pd, &fifo().at(0), std::size_t{fifo_depth} * sizeof(device::Descriptor), 0,
-                              "injection FIFO");
+  // inline bytes are sent straight from the slot, and an atomic's old value
+  // lands in it (AtomicDescriptor::landing).
+  slots_mr_ = register_memory(pd, &fifo().at(0), std::size_t{fifo_depth} * sizeof(device::Descriptor),
+                              IBV_ACCESS_LOCAL_WRITE, "injection FIFO");
   staging_ = allocate_pages(staging_size_);
   staging_mr_ = register_memory(pd, staging_.get(), staging_size_, 0, "staging ring");
   for (std::uint32_t i = 0; i < kPostBatch; ++i) {
@@ -118,6 +120,40 @@ device::Lane* VerbsDevice::lane(Endpoint peer) {
   if (c->state == Connection::State::failed)
     fail_unconnected(lane, {StatusCode::peer_failed, "verbs: the lane's connection failed (see the log)"});
   return &lane;
+}
+
+bool VerbsLane::offloads_atomic(const RemoteKey& key, AtomicOp op, AtomicType type) {
+  return key.atomics == AtomicDomain::nic && width_of(type) == 8 &&
+         (op == AtomicOp::fetch_add || op == AtomicOp::add || op == AtomicOp::compare_swap) &&
+         device_.domain_.port().atomics() && key.entry(device_.key_id_) != nullptr;
+}
+
+// The owner's NIC does the atomics on its NIC-domain regions that reach it
+// as messages (and its own), so that every one on a word is the NIC's: a
+// queue pair of this context connected to itself, made at the first need.
+// It shares the context's CQ; the engine drives its FIFO as any lane's.
+device::Lane* VerbsDevice::atomic_loopback() {
+  if (loopback_ != nullptr || loopback_failed_ || !domain_.port().atomics()) return loopback_;
+  // (Its slot in lanes_ is never a peer's: can_reach() excludes this task.)
+  const Endpoint self{domain_.task(), context_};
+  const std::size_t i = domain_.lane_index(self);
+  try {
+    Connection& c = domain_.new_connection(context_, self, false);
+    if (int err = domain_.connect_loopback(c))
+      throw Error("verbs: the loopback queue pair: " + std::string(std::strerror(err)));
+    c.state = Connection::State::ready;
+    lanes_[i] = std::make_unique<VerbsLane>(*this, self, static_cast<std::uint32_t>(i), c.qp.get(), fifo_depth_,
+                                            device::kPacketInlineBytes);
+  } catch (const std::exception& e) {
+    log("no atomic loopback on context %u: %s", context_, e.what());
+    loopback_failed_ = true;
+    return nullptr;
+  }
+  loopback_ = lanes_[i].get();
+  loopback_->loopback_ = true;
+  loopback_->ready_ = true;
+  active_.push_back(loopback_);
+  return loopback_;
 }
 
 // (docs/DESIGN.md, "Event-driven progress") The channel is non-blocking:

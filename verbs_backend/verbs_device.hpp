@@ -74,6 +74,10 @@ class VerbsLane final : public device::Lane {
   // burst on a lane with nothing unposted); see device::Lane.
   bool send_compact(std::uint32_t immediate, std::span<const std::byte> head,
                     std::span<const std::byte> payload) override;
+  // 64-bit fetch_add, add and compare_swap on a NIC-domain region, as an
+  // IBV_WR_ATOMIC_* (docs/DESIGN.md, "Remote atomics"); every other atomic
+  // goes to the owner's engine.
+  bool offloads_atomic(const RemoteKey& key, AtomicOp op, AtomicType type) override;
 
   ibv_qp* qp() const { return qp_; }
   bool broken() const { return broken_; }
@@ -99,6 +103,9 @@ class VerbsLane final : public device::Lane {
   std::uint64_t staging_signalled_ = 0;           // staging_head_ at the newest signalled WR
   std::unique_ptr<std::uint64_t[]> staging_end_;  // per FIFO slot: staging_head_ after its WR
   std::unique_ptr<Status[]> refused_;             // per FIFO slot: why the device refused it
+  std::unique_ptr<void*[]> results_;              // per FIFO slot: an atomic's caller's buffer, or nullptr
+  std::uint32_t atomics_in_flight_ = 0;           // slots whose results_ entry is set
+  bool loopback_ = false;                         // to its own context (atomic_loopback()): no peer's lane
   std::uint64_t posted_ = 0;                      // descriptors below this are on the send queue
   std::uint64_t retire_target_ = 0;               // the counter value the newest signalled WR brings
   std::uint64_t seen_posted_ = 0;                 // posted_ at the previous progress(): equal means quiet
@@ -124,6 +131,9 @@ class VerbsDevice final : public device::Device {
   bool can_reach(Endpoint peer) const override;
   device::Lane* lane(Endpoint peer) override;
   bool abandon(Endpoint peer, Status why) override;
+  // A queue pair connected to itself (verbs_device.cpp), where the device
+  // does atomics: the owner's share of its NIC-domain regions' atomics.
+  device::Lane* atomic_loopback() override;
   std::size_t progress(device::PacketSink& sink, std::size_t budget) override;
   // Receive buffers not posted (being handled or waiting to be re-posted).
   unsigned reception_load() const override;
@@ -188,6 +198,7 @@ class VerbsDevice final : public device::Device {
   // progress() once its first poll found something, or a lane needs tending.
   std::size_t progress_rest(device::PacketSink& sink, std::size_t budget, ibv_wc* wc, int n);
   void retire(VerbsLane& lane, std::uint64_t counter);
+  void land_atomics(VerbsLane& lane, std::uint64_t counter);
   void break_lane(VerbsLane& lane, std::uint64_t first_failed, Status status, const ibv_wc* wc);
   std::size_t tend_lanes();
   void replenish();
@@ -231,6 +242,8 @@ class VerbsDevice final : public device::Device {
   // Lanes made so far; reserved for all, so a callback that makes a lane
   // while the list is being walked never moves it.
   std::vector<VerbsLane*> active_;
+  VerbsLane* loopback_ = nullptr;        // atomic_loopback(), once made (in lanes_, at this context's index)
+  bool loopback_failed_ = false;        // it could not be made: not tried again
   std::size_t broken_lanes_ = 0;  // not yet reported to the sink
   std::uint32_t ud_qpn_;          // completions on it are the handshake's (none with rdma_cm: ~0)
   std::uint32_t handshakes_ = 0;  // connections requesting or accepted: progress() tends them

@@ -105,6 +105,10 @@ inline bool rkey_of(const RemoteKey& key, std::uint8_t id, std::uint32_t& rkey) 
   return true;
 }
 
+// What every queue pair and region is opened for (PortInfo::access() adds
+// remote atomics where the device does them).
+inline constexpr int kQpAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+
 // The port in use, as found at setup.
 struct PortInfo {
   std::string device;
@@ -123,6 +127,13 @@ struct PortInfo {
   int max_qp_wr = 0;
   int max_srq_wr = 0;
   bool software = false;  // soft-RoCE or siw: the kernel's CPU does the NIC's work
+  // The device's atomic_cap: NONE, HCA (atomic among the device's own
+  // operations: rxe, most NICs) or GLOB (against the CPUs too).
+  ibv_atomic_cap atomic_cap = IBV_ATOMIC_NONE;
+  bool atomics() const { return atomic_cap != IBV_ATOMIC_NONE; }
+  // What queue pairs and regions are opened for: remote atomics as well
+  // where the device does them.
+  int access() const { return atomics() ? kQpAccess | IBV_ACCESS_REMOTE_ATOMIC : kQpAccess; }
 };
 
 // What a task knows of a peer task from its published address: enough to
@@ -294,6 +305,9 @@ class VerbsDomain {
   void renew_queue_pair(Connection& c, std::uint16_t context, Endpoint peer);
   // Brings c's queue pair to RTR towards the peer's QP and then to RTS;
   // 0 or an errno value (logged).
+  // The queue pair to RTR and RTS towards itself (a context's atomic
+  // loopback: this task's own port as the peer). 0 or the errno.
+  int connect_loopback(Connection& c);
   int connect_queue_pair(Connection& c, Endpoint peer, std::uint32_t remote_qpn, std::uint32_t remote_psn);
   // The address handle of the peer task's port for context's UD sends,
   // made on first use; nullptr (logged) when it cannot be made.

@@ -130,6 +130,7 @@ PortInfo port_info(ibv_context* ctx, const std::string& name, int p, const ibv_p
   info.max_cqe = dattr.max_cqe;
   info.max_qp_wr = dattr.max_qp_wr;
   info.max_srq_wr = dattr.max_srq_wr;
+  info.atomic_cap = dattr.atomic_cap;
   // The vendor ids the kernel's software devices report: rxe's 0xffffff, siw's "bmt".
   info.software = dattr.vendor_id == 0xffffff || dattr.vendor_id == 0x626d74;
   if (info.link_layer == IBV_LINK_LAYER_INFINIBAND && info.lid == 0)

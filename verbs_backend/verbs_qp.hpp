@@ -11,9 +11,9 @@
 
 namespace ami::verbs {
 
-inline constexpr int kQpAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 
-int qp_to_init(ibv_qp* qp, std::uint8_t port);
+// access: kQpAccess, with IBV_ACCESS_REMOTE_ATOMIC where the device does atomics.
+int qp_to_init(ibv_qp* qp, std::uint8_t port, int access);
 // The handshake: RTR towards the peer's QP (its port from what it
 // published), then RTS.
 int qp_to_rtr(ibv_qp* qp, const PortInfo& port, const VerbsOptions& options, const PeerInfo& peer,

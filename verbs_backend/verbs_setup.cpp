@@ -182,7 +182,7 @@ QpOwner VerbsDomain::make_qp(ContextQueues& q) {
     port_.max_inline = a.cap.max_inline_data;
     inline_known_ = true;
   }
-  if (int err = qp_to_init(qp.get(), port_.port)) {
+  if (int err = qp_to_init(qp.get(), port_.port, port_.access())) {
     log_qp(qp.get(), "ibv_modify_qp to INIT", err);
     throw_call("ibv_modify_qp to INIT", err);
   }
@@ -339,6 +339,24 @@ int VerbsDomain::connect_queue_pair(Connection& c, Endpoint peer, std::uint32_t 
   return 0;
 }
 
+int VerbsDomain::connect_loopback(Connection& c) {
+  PeerInfo self;
+  std::memcpy(self.gid.data(), port_.gid.raw, self.gid.size());
+  self.lid = port_.lid;
+  self.mtu = static_cast<std::uint8_t>(port_.active_mtu);
+  self.rd_atomic = port_.responder_rd_atomic;
+  if (int err = qp_to_rtr(c.qp.get(), port_, options_, self, c.qp->qp_num, c.psn)) {
+    log_qp(c.qp.get(), "ibv_modify_qp to RTR (loopback)", err);
+    return err;
+  }
+  if (int err = qp_to_rts(c.qp.get(), options_, c.psn, std::min(port_.initiator_rd_atomic, port_.responder_rd_atomic))) {
+    log_qp(c.qp.get(), "ibv_modify_qp to RTS (loopback)", err);
+    return err;
+  }
+  c.remote_qpn = c.qp->qp_num;
+  return 0;
+}
+
 ibv_ah* VerbsDomain::address_handle(std::uint16_t context, std::uint32_t peer_task) {
   ContextQueues& q = *queues_[context];
   if (auto it = q.ahs.find(peer_task); it != q.ahs.end()) return it->second.get();
@@ -377,7 +395,7 @@ Status VerbsDomain::register_region(std::uint32_t region, void* addr, std::size_
                                    std::uint32_t& rkey) {
   if (addr == nullptr || len == 0)
     return {StatusCode::invalid_argument, "verbs: register_region: null address or zero length"};
-  ibv_mr* mr = ibv_reg_mr(pd_.get(), addr, len, kQpAccess);
+  ibv_mr* mr = ibv_reg_mr(pd_.get(), addr, len, port_.access());
   if (mr == nullptr) {
     const int err = errno_of_null();
     log("ibv_reg_mr (%zu B at %p): %s", len, addr, std::strerror(err));
@@ -414,6 +432,10 @@ std::string VerbsDomain::describe() const {
                                                      : std::to_string(options_.bounce_bytes) + " B") +
                   (method_ == ConnectMethod::rdma_cm ? ", lanes connected by rdma_cm on first use"
                                                      : ", lanes connected on first use by a handshake over UD") +
+                  ", atomics " +
+                  (port_.atomic_cap == IBV_ATOMIC_GLOB  ? "GLOB"
+                   : port_.atomic_cap == IBV_ATOMIC_HCA ? "HCA (64-bit fetch-add and compare-swap on the NIC)"
+                                                        : "NONE (done by the target's engine)") +
                   ", " + std::to_string(queue_pairs_made()) + " queue pair(s) made";
   return s;
 }

@@ -5,7 +5,10 @@
 // TEST_CASE_TEMPLATE runs once per backend pair (pair.hpp), on a region the
 // owner allocated (shm maps it: its peer does the atomics itself) and on one
 // it only registered (shm reaches it by CMA only: the owner's engine does
-// them). Compiled once and linked twice, as test_backends.cpp is: the
+// them). VerbsNicPair is verbs with the owner's regions in the NIC's
+// atomic domain (AMI_ATOMIC_MODE=nic): its NIC does 64-bit fetch-add and
+// compare-swap from the origin, and the owner's engine the rest through its
+// own NIC. Compiled once and linked twice, as test_backends.cpp is: the
 // pairs that need an RDMA port run, by name, in the rxe VM.
 #include <doctest/doctest.h>
 #include <signal.h>
@@ -19,6 +22,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "ami/ami.hpp"
@@ -27,10 +31,24 @@
 
 using namespace ami;
 
+namespace test {
+struct VerbsNicPair : VerbsPair {
+  explicit VerbsNicPair(const Config& config) : VerbsPair(with_nic(config)) {}
+  static Config with_nic(Config c) {
+    REQUIRE(c.set("AMI_ATOMIC_MODE", "nic").ok());
+    return c;
+  }
+};
+}  // namespace test
+TYPE_TO_STRING_AS("VerbsNicPair", test::VerbsNicPair);
+
 namespace {
 
+template <class P>
+constexpr bool kNicDomain = std::is_same_v<P, test::VerbsNicPair>;
+
 #define BACKENDS_HERE test::SelfPair, test::ShmPair, test::OfiTcpPair, test::OfiShmPair
-#define BACKENDS_RDMA test::VerbsPair, test::OfiVerbsPair
+#define BACKENDS_RDMA test::VerbsPair, test::VerbsNicPair, test::OfiVerbsPair
 #define BACKENDS BACKENDS_HERE, BACKENDS_RDMA
 
 struct Counter {
@@ -413,6 +431,9 @@ TEST_CASE_TEMPLATE("atomics: misaligned and out-of-bounds words, bad ops and a n
                 .done = outside.cb()}).ok());
   advance_until(a, b, [&] { return outside.calls == 1; });
   CHECK(outside.last == StatusCode::remote_access);
+  // (The NIC refused that one itself, which breaks its queue pair as a
+  // refused PUT does: the stale key is the NIC-domain case's, on a new pair.)
+  if constexpr (kNicDomain<P>) return;
   region.memory = Memory{};
   Counter stale;
   REQUIRE(post({.type = AtomicType::u64, .remote = key, .operand = 1, .result = &result, .done = stale.cb()}).ok());
@@ -454,6 +475,115 @@ TEST_CASE_TEMPLATE("atomics: a fence's done runs after every earlier atomic is d
     std::sort(results.begin(), results.end());
     for (std::size_t i = 0; i < results.size(); ++i) CHECK(results[i] == i);
   }
+}
+
+// AMI_ATOMIC_MODE: nic asks for a NIC that does atomics and is refused,
+// by name, where there is none; auto keeps a job on one host in the CPU's
+// domain.
+TEST_CASE("atomics: the atomic domain a region gets, and nic refused without a NIC that does atomics") {
+  {
+    test::ShmPair pair(test::config_with({{"AMI_ATOMIC_MODE", "nic"}}));
+    Memory m;
+    std::uint64_t words[4] = {};
+    Status s = pair.client_b().register_memory(words, sizeof words, m);
+    CHECK(s == StatusCode::not_supported);
+    CHECK(std::string(s.what()).find("AMI_ATOMIC_MODE=nic") != std::string::npos);
+    s = pair.client_b().allocate_memory(64, m);
+    CHECK(s == StatusCode::not_supported);
+  }
+  for (const char* mode : {"auto", "cpu"}) {
+    CAPTURE(mode);
+    test::ShmPair pair(test::config_with({{"AMI_ATOMIC_MODE", mode}}));
+    Region region(pair.client_b(), true, 64);
+    CHECK(region.memory.remote_key().atomics == AtomicDomain::cpu);
+  }
+  // The domain travels in the key's bytes; one no version knows is refused.
+  RemoteKey k{.job = 1, .task = 2, .region = 3, .generation = 5, .address = 4096, .length = 64};
+  k.atomics = AtomicDomain::nic;
+  auto bytes = k.to_bytes();
+  RemoteKey back;
+  REQUIRE(RemoteKey::from_bytes(bytes, back).ok());
+  CHECK(back.atomics == AtomicDomain::nic);
+  CHECK(back == k);
+  bytes[41] = std::byte{2};
+  CHECK(RemoteKey::from_bytes(bytes, back) == StatusCode::invalid_argument);
+}
+
+// The NIC's domain on verbs (docs/DESIGN.md, "Remote atomics"): the key
+// says nic; 64-bit fetch_add and compare_swap are the origin NIC's (the
+// owner's engine does nothing), the rest the owner's engine has its own NIC
+// do by compare-and-swap on the 64-bit word, 32-bit ones in either half
+// without touching the other; a 32-bit word whose 64-bit word is not all
+// registered is refused; a stale key is the NIC's refusal.
+TEST_CASE_TEMPLATE("atomics: a NIC-domain region: native ops by the origin's NIC, the rest by the owner's", P,
+                   test::VerbsNicPair) {
+  P pair(Config{});
+  Context &a = pair.a(), &b = pair.b();
+  Region region(pair.client_b(), false, 64);
+  const RemoteKey key = region.memory.remote_key();
+  REQUIRE(key.atomics == AtomicDomain::nic);
+  auto run = [&](AtomicParams p) {
+    Counter done;
+    p.dest = pair.to_b();
+    p.done = done.cb();
+    if (p.remote.length == 0) p.remote = key;
+    REQUIRE(a.atomic(p).ok());
+    advance_until(a, b, [&] { return done.calls == 1; });
+    return done.last;
+  };
+  std::uint64_t old = 0;
+  const std::uint64_t executed = b.stats().atomics_executed;
+  CHECK(run({.op = AtomicOp::fetch_add, .type = AtomicType::u64, .operand = 7, .result = &old}).ok());
+  CHECK(run({.op = AtomicOp::compare_swap, .type = AtomicType::i64, .operand = 9, .compare = 7, .result = &old}).ok());
+  CHECK(old == 7);
+  CHECK(load(region.at(0), 8) == 9);
+  CHECK(b.stats().atomics_executed == executed);  // both the origin NIC's
+  CHECK(run({.op = AtomicOp::swap, .type = AtomicType::u64, .operand = 0x1111222233334444ull, .result = &old}).ok());
+  CHECK(old == 9);
+  CHECK(b.stats().atomics_executed == executed + 1);
+  // Two 32-bit words in one 64-bit word: the high one wraps without
+  // carrying into the low one, and each op sees only its own half.
+  std::uint64_t word = 0x00000005FFFFFFFFull;  // low half 0xFFFFFFFF, high half 5
+  std::memcpy(region.at(8), &word, 8);
+  old = 0xDEADBEEF00000000ull;
+  CHECK(run({.op = AtomicOp::fetch_add, .type = AtomicType::u32, .remote_offset = 8, .operand = 1, .result = &old})
+            .ok());
+  CHECK(old == 0xDEADBEEFFFFFFFFFull);  // 4 bytes written
+  CHECK(load(region.at(8), 8) == 0x0000000500000000ull);
+  CHECK(run({.op = AtomicOp::fetch_xor, .type = AtomicType::u32, .remote_offset = 12, .operand = 3, .result = &old})
+            .ok());
+  CHECK(load(reinterpret_cast<std::byte*>(&old), 4) == 5);
+  CHECK(load(region.at(8), 8) == 0x0000000600000000ull);
+  // A compare_swap whose half does not match writes nothing and says what
+  // was there; one that matches swaps only its half.
+  CHECK(run({.op = AtomicOp::compare_swap, .type = AtomicType::i32, .remote_offset = 12, .operand = 1, .compare = 5,
+             .result = &old}).ok());
+  CHECK(load(reinterpret_cast<std::byte*>(&old), 4) == 6);
+  CHECK(run({.op = AtomicOp::compare_swap, .type = AtomicType::u32, .remote_offset = 8, .operand = 42, .compare = 0,
+             .result = &old}).ok());
+  CHECK(load(region.at(8), 8) == 0x000000060000002Aull);
+  // The owner's own atomics go the same way: its engine, its NIC.
+  Counter own;
+  REQUIRE(b.atomic({.dest = pair.to_b(), .op = AtomicOp::fetch_add, .type = AtomicType::u64, .remote = key,
+                    .remote_offset = 16, .operand = 3, .result = &old, .done = own.cb()}).ok());
+  advance_until(a, b, [&] { return own.calls == 1; });
+  CHECK(own.last.ok());
+  CHECK(load(region.at(16), 8) == 3);
+  // A 32-bit word at the end of a region whose 64-bit word is not all in it.
+  std::uint64_t tail[2] = {};
+  Memory short_region;
+  REQUIRE(pair.client_b().register_memory(tail, 12, short_region).ok());
+  Status s = run({.op = AtomicOp::fetch_add, .type = AtomicType::u32, .remote = short_region.remote_key(),
+                  .remote_offset = 8, .operand = 1, .result = &old});
+  CHECK(s == StatusCode::remote_access);
+  CHECK(std::string(s.what()).find("out of bounds") != std::string::npos);
+  CHECK(run({.op = AtomicOp::fetch_add, .type = AtomicType::u32, .remote = short_region.remote_key(),
+             .remote_offset = 4, .operand = 1, .result = &old}).ok());
+  // A stale key, refused by the NIC (last: it breaks the queue pair).
+  const RemoteKey stale = short_region.remote_key();
+  short_region = Memory{};
+  CHECK(run({.op = AtomicOp::fetch_add, .type = AtomicType::u64, .remote = stale, .operand = 1, .result = &old}) ==
+        StatusCode::remote_access);
 }
 
 TEST_CASE("atomics: a peer process that dies with atomics in flight fails them with peer_failed") {

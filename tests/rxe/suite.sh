@@ -77,7 +77,9 @@ step test_verbs "$build/tests/backends/test_verbs"
 rdma_pairs=(--test-case='*<VerbsPair>,*<OfiVerbsPair>')
 [[ -n $sanitized ]] && rdma_pairs=(--test-case='*<VerbsPair>')
 step backends_verbs "$build/tests/backends/test_backends_verbs" "${rdma_pairs[@]}"
-step atomics_verbs "$build/tests/backends/test_atomics_verbs" "${rdma_pairs[@]}"
+# (and verbs with the NIC's atomic domain: AMI_ATOMIC_MODE=nic)
+atomics_pairs=(--test-case="${rdma_pairs[0]#--test-case=},*<VerbsNicPair>")
+step atomics_verbs "$build/tests/backends/test_atomics_verbs" "${atomics_pairs[@]}"
 step wireup_verbs "$build/tests/backends/test_wireup_verbs"
 step peer_failure_verbs env AMI_TEST_BACKEND=verbs "$build/tests/protocol/test_peer_failure"
 step collectives_verbs env AMI_TEST_BACKEND=verbs "$build/tests/collectives/test_collectives"

@@ -106,7 +106,11 @@ void SelfDevice::atomic(SelfLane& lane, std::uint64_t n, const device::AtomicDes
   if (!s.ok()) lane.fifo().fail_one(n, s);
 }
 
-Status SelfLane::atomic_in_place(const device::AtomicRef& a) { return device_.atomic_on(a); }
+Status SelfLane::atomic_in_place(const device::AtomicRef& a) {
+  if (a.remote.atomics != AtomicDomain::cpu)
+    return {StatusCode::not_supported, "self: the region's atomics are its NIC's"};
+  return device_.atomic_on(a);
+}
 
 Status SelfDevice::atomic_on(const device::AtomicRef& a) {
   const std::size_t width = width_of(a.type);

@@ -62,9 +62,12 @@ class SelfLane final : public device::Lane {
   std::uint64_t rdma_crossover() const override { return std::uint64_t{16} << 10; }
   void ring() override {}
   // The region is this process's own memory: the device does the atomic
-  // with the CPU, as the owner's engine would (docs/DESIGN.md, "Remote
-  // atomics").
-  bool offloads_atomic(const RemoteKey&) override { return true; }
+  // with the CPU, as the owner's engine would, where the region's atomics
+  // are the CPU's (docs/DESIGN.md, "Remote atomics"); a NIC-domain one's
+  // go to the engine, which does them through the NIC.
+  bool offloads_atomic(const RemoteKey& key, AtomicOp, AtomicType) override {
+    return key.atomics == AtomicDomain::cpu;
+  }
   Status atomic_in_place(const device::AtomicRef& a) override;
 
  private:

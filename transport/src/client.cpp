@@ -67,6 +67,7 @@ struct Client::Impl final : device::PeerDirectory {
   std::string learn(std::uint32_t peer) override;
   void record(std::uint32_t peer, std::string why);
   Status register_region(RemoteKey& key, void* address, std::size_t length, LocalKeys& local, int shared_fd = -1);
+  Status choose_atomic_domain(RemoteKey& key, const device::RegionKeys& keys);
   std::unique_ptr<detail::RegistrationCache> make_cache();
 
   // The process this Client belongs to (fork_guard.hpp).
@@ -89,6 +90,7 @@ struct Client::Impl final : device::PeerDirectory {
   // tasks no backend reaches.
   enum : std::uint8_t { kUnknown, kReached, kApart };
   bool on_demand = false;  // addresses on first use (learn())
+  bool spans_hosts = false;  // some task is on another host (known from the exchange at start only)
   AddressBlob mine;        // this task's own, published
   std::mutex join_mutex;   // learn(): one task's address fetched and joined once
   std::vector<std::uint8_t> joined;
@@ -176,7 +178,10 @@ void Client::Impl::exchange_addresses(std::uint16_t n) {
   for (std::uint32_t t = 0; t < table.size(); ++t)
     if (!unreachable[t].empty()) mine_missing.push_back({t, unreachable[t]});
   std::vector<std::string> hosts;
-  for (const AddressBlob& b : table) hosts.push_back(b.hostname);
+  for (const AddressBlob& b : table) {
+    hosts.push_back(b.hostname);
+    spans_hosts = spans_hosts || b.hostname != mine.hostname || b.boot_id != mine.boot_id;
+  }
   detail::check_reachability(boot->allgather(detail::encode_unreachable(mine_missing)), hosts,
                              options.reachability == core::Reachability::symmetric);
   for (std::uint32_t t = 0; t < table.size(); ++t)
@@ -345,12 +350,36 @@ Status Client::Impl::register_region(RemoteKey& key, void* address, std::size_t 
   local = {};
   device::RegionKeys keys(key, local, shared_fd);
   s = backends.register_region(key.region, address, length, keys);
+  if (s.ok()) s = choose_atomic_domain(key, keys);
   if (!s.ok()) {
     lock.unlock();  // remove() takes it again through the hook
     regions.remove(key.region);
     return s;
   }
   return s;
+}
+
+// AMI_ATOMIC_MODE (docs/DESIGN.md, "Remote atomics"): the key says which
+// hardware the region's atomics go to, and a NIC-domain region keeps its
+// key here for the owner's own share of them.
+Status Client::Impl::choose_atomic_domain(RemoteKey& key, const device::RegionKeys& keys) {
+  bool nic = false;
+  switch (options.atomic_mode) {
+    case core::AtomicMode::cpu: break;
+    case core::AtomicMode::automatic: nic = keys.nic_atomics_offered() && spans_hosts; break;
+    case core::AtomicMode::nic:
+      if (!keys.nic_atomics_offered())
+        return {StatusCode::not_supported,
+                "register_memory: AMI_ATOMIC_MODE=nic, but no backend of this task has a NIC that does atomics "
+                "(verbs with an atomic_cap other than NONE)"};
+      nic = true;
+      break;
+  }
+  if (nic) {
+    key.atomics = AtomicDomain::nic;
+    regions.set_nic_home(key.region, key);
+  }
+  return Status::success();
 }
 
 namespace {

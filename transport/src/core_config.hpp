@@ -50,6 +50,14 @@ inline constexpr ParamSpec kParams[] = {
      "that first use), or auto: first_use under PMIx when every backend in use can join a peer "
      "alone (not ofi), start otherwise. The TCP bootstrap always "
      "exchanges them at start.", false, "auto|start|first_use"},
+    {"AMI_ATOMIC_MODE", "auto", ParamType::choice, 0, 0,
+     "Which hardware makes the words of this task's registered memory atomic for Context::atomic: "
+     "cpu (this host's CPUs: peers that map the region do the atomics themselves, every other one "
+     "is done by this task's engine), nic (the RDMA NIC's own atomics: verbs peers send them to the "
+     "NIC, the rest are done by this task's engine through its NIC; registration fails where no "
+     "backend's NIC does atomics), or auto: nic when the verbs device does atomics and the job "
+     "spans more than one host as far as the address exchange at start shows, cpu otherwise. The "
+     "remote key carries the choice, so tasks may differ.", false, "auto|cpu|nic"},
     {"AMI_MAX_REGIONS", "4096", ParamType::unsigned_int, 1, 1u << 20,
      "Memory registrations a client holds at once, at most 1048576."},
     {"AMI_RCACHE_MAX_ENTRIES", "256", ParamType::unsigned_int, 1, 1u << 20,
@@ -70,6 +78,7 @@ static_assert(Param("AMI_RANK").spec().max == Param("AMI_SIZE").spec().max - 1,
 
 enum class Reachability : std::uint8_t { all, symmetric };  // AMI_REACHABILITY's words, in order
 enum class Addresses : std::uint8_t { automatic, start, first_use };  // AMI_ADDRESSES's words, in order
+enum class AtomicMode : std::uint8_t { automatic, cpu, nic };  // AMI_ATOMIC_MODE's words, in order
 
 // The core's settings, typed, with the rows' defaults. The job (AMI_RANK,
 // AMI_SIZE, AMI_BOOTSTRAP, AMI_JOB_KEY, AMI_BOOTSTRAP_MODE) and AMI_BACKENDS
@@ -80,6 +89,7 @@ struct Options {
   std::uint32_t bootstrap_timeout_ms = Param("AMI_BOOTSTRAP_TIMEOUT").default_as<std::uint32_t>();
   Reachability reachability = Param("AMI_REACHABILITY").default_as<Reachability>();
   Addresses addresses = Param("AMI_ADDRESSES").default_as<Addresses>();
+  AtomicMode atomic_mode = Param("AMI_ATOMIC_MODE").default_as<AtomicMode>();
   std::uint32_t max_regions = Param("AMI_MAX_REGIONS").default_as<std::uint32_t>();
   std::uint32_t rcache_max_entries = Param("AMI_RCACHE_MAX_ENTRIES").default_as<std::uint32_t>();
   std::uint64_t rcache_max_mb = Param("AMI_RCACHE_MAX_MB").default_as();
@@ -92,6 +102,7 @@ struct Options {
     o.bootstrap_timeout_ms = u32("AMI_BOOTSTRAP_TIMEOUT");
     o.reachability = static_cast<Reachability>(c.number(Param("AMI_REACHABILITY")));
     o.addresses = static_cast<Addresses>(c.number(Param("AMI_ADDRESSES")));
+    o.atomic_mode = static_cast<AtomicMode>(c.number(Param("AMI_ATOMIC_MODE")));
     o.max_regions = u32("AMI_MAX_REGIONS");
     o.rcache_max_entries = u32("AMI_RCACHE_MAX_ENTRIES");
     o.rcache_max_mb = c.number(Param("AMI_RCACHE_MAX_MB"));

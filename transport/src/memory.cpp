@@ -34,8 +34,8 @@ Status RemoteKey::add_entry(std::uint8_t backend, std::span<const std::byte> byt
 }
 
 // Layout (little-endian, 120 bytes): magic u32, task u32, region u32,
-// generation u32, job u64, address u64, length u64, entry count u8, 3 bytes
-// zero, then kMaxKeyBackends entries of 18 bytes (backend u8, length u8,
+// generation u32, job u64, address u64, length u64, entry count u8, atomic
+// domain u8 (0 cpu, 1 nic), 2 bytes zero, then kMaxKeyBackends entries of 18 bytes (backend u8, length u8,
 // bytes[16]; those past the count all zero), then 4 bytes zero.
 std::array<std::byte, RemoteKey::kSerializedSize> RemoteKey::to_bytes() const {
   std::array<std::byte, kSerializedSize> out{};
@@ -48,7 +48,8 @@ std::array<std::byte, RemoteKey::kSerializedSize> RemoteKey::to_bytes() const {
   store(p, address);
   store(p, length);
   store(p, entry_count);
-  p += 3;
+  store(p, static_cast<std::uint8_t>(atomics));
+  p += 2;
   for (std::uint8_t i = 0; i < entry_count && i < kMaxKeyBackends; ++i) {
     store(p, entries[i].backend);
     store(p, entries[i].length);
@@ -102,6 +103,10 @@ Status RemoteKey::from_bytes(std::span<const std::byte> bytes, RemoteKey& out) {
   k.address = load<std::uint64_t>(p);
   k.length = load<std::uint64_t>(p);
   k.entry_count = load<std::uint8_t>(p);
+  const auto domain = load<std::uint8_t>(p);
+  if (domain > kLastAtomicDomain)
+    return {StatusCode::invalid_argument, "remote key: unknown atomic domain"};
+  k.atomics = static_cast<AtomicDomain>(domain);
   if (k.address + k.length < k.address)
     return {StatusCode::invalid_argument, "remote key: region wraps around the address space"};
   if (Status s = load_entries(bytes.data() + kEntriesAt, k); !s.ok()) return s;

@@ -1,20 +1,23 @@
 // protocol/am/eager/am_atomic.cpp — remote atomics (docs/DESIGN.md, "Remote
 // atomics").
 //
-// An atomic goes one of two ways, chosen by the lane and the region, never
-// by the operation: a lane whose device reaches the word itself
-// (Lane::offloads_atomic: self, shm on a mapped segment) takes it as a
-// descriptor, done like a PUT's; any other goes as an atomic packet that the
-// target's engine does when it handles it, in order with the lane's other
-// packets, with std::atomic_ref on its own memory after checking the word
-// against its region table, and answers with an atomic_reply carrying the
-// old value. Both ways end in the target host's CPU, so they are atomic
-// against each other.
+// An atomic goes one of two ways, chosen by the lane, the region's atomic
+// domain (its key says: the owner host's CPUs or its NIC) and, in the NIC
+// domain, the op: a lane whose device does it itself in the region's domain
+// (Lane::offloads_atomic: self and shm on a mapped segment for a CPU-domain
+// region; verbs for 64-bit fetch_add, add and compare_swap on a NIC-domain
+// one) takes it as a descriptor, done like a PUT's; any other goes as an
+// atomic packet that the target's engine does when it handles it. On a
+// CPU-domain region it does it at once with std::atomic_ref on its own
+// memory, in order with the lane's other packets; on a NIC-domain region it
+// has its own NIC do it through the atomic loopback (natively, or by
+// compare-and-swaps on the 64-bit word) and answers when that is done.
+// Every path to a word thus ends in one piece of hardware.
 //
 // A request sent as a packet waits in its peer's list of atomics (linked as
 // an ack's would be, with no sequence number: the reply names the request's
-// id), so a failed peer fails it with the rest of its work, and a fence on a
-// lane that may reorder waits until the list is empty.
+// id), so a failed peer fails it with the rest of its work, and a fence
+// waits until the list is empty.
 #include <cstring>
 
 #include "ami/device/cpu_atomic.hpp"
@@ -36,7 +39,8 @@ Status AmEngine::atomic(const AtomicParams& p) {
   const device::AtomicDescriptor a{.op = p.op, .type = p.type, .operand = p.operand, .compare = p.compare,
                                    .result = returns_old(p.op) ? p.result : nullptr,
                                    .remote_address = p.remote.address + p.remote_offset, .remote = p.remote};
-  if (peer->state->head == nullptr && peer->lane->offloads_atomic(p.remote)) {
+  if (peer->state->head == nullptr && peer->state->atomics.head == nullptr &&
+      peer->lane->offloads_atomic(p.remote, p.op, p.type)) {
     // Nothing queued before it and the device does it: straight into the
     // FIFO, the callback listed directly, as a PUT's is.
     if (device::Descriptor* d = peer->lane->fifo().try_reserve()) {
@@ -88,7 +92,10 @@ bool AmEngine::inject_atomic(Peer& peer, Request& r) {
   device::Lane& lane = *peer.lane;
   device::Descriptor* d = lane.fifo().try_reserve();
   if (d == nullptr) return false;
-  if (lane.offloads_atomic(r.atomic.remote)) {
+  if (lane.offloads_atomic(r.atomic.remote, r.atomic.op, r.atomic.type)) {
+    // Not ahead of an atomic sent as a packet that is not answered yet:
+    // the target's engine may still be doing it (a NIC-domain region's).
+    if (peer.state->atomics.head != nullptr) return false;  // (the reserved slot stays free)
     d->kind = device::DescriptorKind::atomic;
     d->atomic = r.atomic;
     r.local_pending = true;
@@ -154,10 +161,161 @@ void AmEngine::on_atomic(Peer& peer, const wire::PacketView& v) {
     return;
   }
   if (reply.refusal == wire::AtomicRefusal::none) {
-    reply.old = device::cpu_atomic(op, type, word, args.operand, args.compare);
-    ++stats_.atomics_executed;
+    const RemoteKey key{.job = regions_->job(), .task = regions_->task(), .region = args.region,
+                        .generation = args.generation};
+    if (const RemoteKey* home = regions_->nic_home(key)) {
+      // The region's atomics are its NIC's: done through it, answered
+      // when it is done. The NIC works on the 64-bit word that holds the
+      // target, which must lie in the region too.
+      if (!regions_->check(key, address & ~std::uint64_t{7}, 8, word).ok()) {
+        reply.refusal = wire::AtomicRefusal::out_of_bounds;
+      } else {
+        start_nic_atomic(peer, v.header.message_id, op, type, address, args, *home);
+        return;
+      }
+    } else {
+      reply.old = device::cpu_atomic(op, type, word, args.operand, args.compare);
+      ++stats_.atomics_executed;
+    }
   }
   push_control(peer, reply);
+}
+
+// What op makes of the value w (in the target's width: mask), with operand
+// v and compare c.
+namespace {
+std::uint64_t apply(AtomicOp op, std::uint64_t w, std::uint64_t v, std::uint64_t c, std::uint64_t mask) {
+  switch (op) {
+    case AtomicOp::fetch_add:
+    case AtomicOp::add: return (w + v) & mask;
+    case AtomicOp::swap: return v & mask;
+    case AtomicOp::compare_swap: return w == (c & mask) ? v & mask : w;
+    case AtomicOp::fetch_and: return w & v & mask;
+    case AtomicOp::fetch_or: return (w | v) & mask;
+    case AtomicOp::fetch_xor: return (w ^ v) & mask;
+  }
+  return w;
+}
+// Does the NIC do it as it is (IBV_WR_ATOMIC_*), or by compare-and-swaps?
+bool nic_native(AtomicOp op, AtomicType type) {
+  return width_of(type) == 8 && (op == AtomicOp::fetch_add || op == AtomicOp::add || op == AtomicOp::compare_swap);
+}
+}  // namespace
+
+device::Lane* AmEngine::nic_loopback() {
+  if (nic_lane_ != nullptr) return nic_lane_;
+  for (device::Device* d : devices_)
+    if (device::Lane* lane = d->atomic_loopback()) {
+      nic_lane_ = lane;
+      lanes_.push_back(lane);  // advance() runs its callbacks
+      find_polled();
+      break;
+    }
+  return nic_lane_;
+}
+
+// Target: a NIC-domain atomic that came as a packet, done by this task's
+// NIC through the atomic loopback, so that it is atomic against the ones
+// initiators' NICs do natively: 64-bit fetch_add, add and compare_swap as
+// they are; the rest (swap, and, or, xor, and every 32-bit op, on the
+// 64-bit word that holds it) by compare-and-swap from a guess until the
+// word held what was guessed. The reply goes when that is done.
+void AmEngine::start_nic_atomic(Peer& origin, std::uint64_t request_id, AtomicOp op, AtomicType type,
+                                std::uint64_t address, const wire::AtomicArgs& args, const RemoteKey& home) {
+  if (nic_loopback() == nullptr) {
+    push_control(origin, AtomicReplyItem{.request_id = request_id, .refusal = wire::AtomicRefusal::nic_failed});
+    return;
+  }
+  NicAtomic* j = nic_free_;
+  if (j != nullptr) {
+    nic_free_ = j->next_free;
+  } else {
+    nic_all_.push_back(std::make_unique<NicAtomic>());
+    j = nic_all_.back().get();
+  }
+  *j = NicAtomic{.engine = this, .origin = &origin, .request_id = request_id, .op = op, .type = type,
+                 .operand = args.operand, .compare = args.compare, .word = address & ~std::uint64_t{7},
+                 .shift = static_cast<unsigned>((address & 4) * 8), .home = home};
+  nic_waiting_.push_back(j);
+  (void)post_nic_waiting();
+}
+
+// In the order they came: native ops follow each other on the loopback's
+// queue pair (an RC queue pair executes atomics in order), a loop waits
+// until everything before it is done and holds back what follows it, so
+// that the owner's NIC does them in the order the lanes brought them.
+bool AmEngine::nic_turn(const NicAtomic& j) const {
+  return nic_in_flight_ == 0 || (nic_native(j.op, j.type) && !nic_loop_in_flight_);
+}
+
+// One step on the loopback; false when its FIFO is full.
+bool AmEngine::post_nic_step(NicAtomic& j) {
+  device::Lane& lane = *nic_lane_;
+  device::Descriptor* d = lane.fifo().try_reserve();
+  if (d == nullptr) return false;
+  device::AtomicDescriptor a{.type = AtomicType::u64, .result = &j.old, .remote_address = j.word, .remote = j.home};
+  if (nic_native(j.op, j.type)) {
+    a.op = j.op == AtomicOp::compare_swap ? AtomicOp::compare_swap : AtomicOp::fetch_add;
+    a.operand = j.operand;
+    a.compare = j.compare;
+  } else {
+    const std::uint64_t mask = width_of(j.type) == 4 ? 0xFFFFFFFFu : ~std::uint64_t{0};
+    const std::uint64_t now = (j.guess >> j.shift) & mask;
+    const std::uint64_t next = apply(j.op, now, j.operand, j.compare, mask);
+    a.op = AtomicOp::compare_swap;
+    a.compare = j.guess;
+    a.operand = (j.guess & ~(mask << j.shift)) | (next << j.shift);
+  }
+  d->kind = device::DescriptorKind::atomic;
+  d->atomic = a;
+  lane.fifo().commit(Callback{&AmEngine::on_nic_step, &j});
+  ring(lane);
+  return true;
+}
+
+// Posts the waiting jobs whose turn it is, in order.
+std::size_t AmEngine::post_nic_waiting() {
+  std::size_t posted = 0;
+  while (!nic_waiting_.empty() && nic_turn(*nic_waiting_.front()) && post_nic_step(*nic_waiting_.front())) {
+    NicAtomic& j = *nic_waiting_.front();
+    nic_waiting_.pop_front();
+    ++nic_in_flight_;
+    nic_loop_in_flight_ = nic_loop_in_flight_ || !nic_native(j.op, j.type);
+    ++posted;
+  }
+  return posted;
+}
+
+void AmEngine::on_nic_step(void* cookie, Status s) {
+  NicAtomic& j = *static_cast<NicAtomic*>(cookie);
+  AmEngine& e = *j.engine;
+  if (!s.ok()) return e.finish_nic_atomic(j, wire::AtomicRefusal::nic_failed, 0);
+  if (nic_native(j.op, j.type)) return e.finish_nic_atomic(j, wire::AtomicRefusal::none, j.old);
+  const std::uint64_t mask = width_of(j.type) == 4 ? 0xFFFFFFFFu : ~std::uint64_t{0};
+  const std::uint64_t found = (j.old >> j.shift) & mask;
+  // Done when the word held the guess (the swap took), or when a 32-bit
+  // compare_swap's half does not match: the NIC read it atomically and
+  // nothing is to be written.
+  if (j.old == j.guess || (j.op == AtomicOp::compare_swap && found != (j.compare & mask)))
+    return e.finish_nic_atomic(j, wire::AtomicRefusal::none, found);
+  j.guess = j.old;
+  if (!e.post_nic_step(j)) {  // (the loopback's FIFO is full: its turn stays, first in line)
+    --e.nic_in_flight_;
+    e.nic_loop_in_flight_ = false;
+    e.nic_waiting_.push_front(&j);
+  }
+}
+
+void AmEngine::finish_nic_atomic(NicAtomic& j, wire::AtomicRefusal refusal, std::uint64_t old) {
+  --nic_in_flight_;
+  if (!nic_native(j.op, j.type)) nic_loop_in_flight_ = false;
+  if (refusal == wire::AtomicRefusal::none) ++stats_.atomics_executed;
+  // (An origin that failed meanwhile hears nothing more.)
+  if (j.origin->failure.ok())
+    push_control(*j.origin, AtomicReplyItem{.request_id = j.request_id, .old = old, .refusal = refusal});
+  j.next_free = nic_free_;
+  nic_free_ = &j;
+  if (!nic_waiting_.empty()) (void)post_nic_waiting();
 }
 
 // Origin: the old value goes to the caller's buffer, then its callback.
@@ -186,6 +344,9 @@ void AmEngine::on_atomic_reply(Peer& peer, const wire::PacketView& v) {
       break;
     case wire::AtomicRefusal::bad_op:
       r->failure = {StatusCode::invalid_argument, "atomic: the target does not know the op"};
+      break;
+    case wire::AtomicRefusal::nic_failed:
+      r->failure = {StatusCode::device_error, "atomic: the target's NIC failed it (its atomic loopback broke)"};
       break;
   }
   r->verdict_pending = false;

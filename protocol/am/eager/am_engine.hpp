@@ -45,6 +45,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <span>
@@ -346,6 +347,33 @@ class AmEngine final : public device::PacketSink {
   static wire::PacketHeader header_of(const FinItem& f);
   static wire::PacketHeader header_of(const KeepaliveItem& k);
   static wire::PacketHeader header_of(const AtomicReplyItem& a);
+  // The owner's share of a NIC-domain region's atomics (am_atomic.cpp):
+  // one that arrived as a packet, done through the NIC on the atomic
+  // loopback, natively or by a loop of compare-and-swaps on its 64-bit
+  // word; the reply goes when the NIC is done.
+  struct NicAtomic {
+    AmEngine* engine = nullptr;
+    Peer* origin = nullptr;
+    std::uint64_t request_id = 0;  // the origin's
+    AtomicOp op = AtomicOp::fetch_add;
+    AtomicType type = AtomicType::u64;
+    std::uint64_t operand = 0;
+    std::uint64_t compare = 0;
+    std::uint64_t word = 0;  // the aligned 64-bit word holding the target
+    unsigned shift = 0;      // where a 32-bit target sits in it: 0 or 32
+    std::uint64_t guess = 0; // what the loop believes the word holds
+    std::uint64_t old = 0;   // what the NIC found there
+    RemoteKey home{};        // the region's own key
+    NicAtomic* next_free = nullptr;
+  };
+  void start_nic_atomic(Peer& origin, std::uint64_t request_id, AtomicOp op, AtomicType type,
+                        std::uint64_t address, const wire::AtomicArgs& args, const RemoteKey& home);
+  bool post_nic_step(NicAtomic& j);
+  bool nic_turn(const NicAtomic& j) const;
+  static void on_nic_step(void* cookie, Status s);
+  void finish_nic_atomic(NicAtomic& j, wire::AtomicRefusal refusal, std::uint64_t old);
+  std::size_t post_nic_waiting();
+  device::Lane* nic_loopback();
   bool inject_fence(Peer& peer, Request& r);
   static void on_child_fence(void* cookie, Status s);
   void on_fence(Peer& peer, const wire::PacketView& v);
@@ -469,6 +497,12 @@ class AmEngine final : public device::PacketSink {
   PeerErrorHandler error_handler_{};
   std::vector<PeerErrorHandler> watchers_;  // layers above, told before the error handler
   std::vector<Peer*> reached_;         // peers with a lane (and state), in the order they got it
+  std::vector<std::unique_ptr<NicAtomic>> nic_all_;  // every NicAtomic made (reused)
+  NicAtomic* nic_free_ = nullptr;
+  std::deque<NicAtomic*> nic_waiting_;  // in arrival order, for their turn (post_nic_waiting())
+  std::uint32_t nic_in_flight_ = 0;     // jobs on the loopback
+  bool nic_loop_in_flight_ = false;     // one of them is a compare-and-swap loop
+  device::Lane* nic_lane_ = nullptr;    // the atomic loopback, once found
   static constexpr std::size_t kKeepaliveBatch = 128;  // peers probed per round at most
   std::size_t keepalive_cursor_ = 0;
   std::uint32_t advances_ = 0;

@@ -7,7 +7,8 @@
 // order), runs its fence handler and answers with an ack at once (with the
 // acks the dispatcher held for that origin: docs/DESIGN.md, method 4). An RDMA READ may
 // be overtaken by a later SEND on RC, so the packet waits until the lane's
-// transfer counter has passed the newest GET. A lane that may reorder is
+// transfer counter has passed the newest GET, and until every atomic sent as
+// a packet has its reply. A lane that may reorder is
 // flushed instead: the fence completes once its transfer counter passed
 // everything injected before it, and once every atomic sent to the peer as
 // a packet has its reply. No count of outstanding operations per peer is
@@ -74,6 +75,10 @@ bool AmEngine::inject_fence(Peer& peer, Request& r) {
     return true;
   }
   if (passed < peer.state->last_get) return false;  // an earlier GET is still on its way back
+  // An atomic sent as a packet may be done after later packets are handled
+  // (on a NIC-domain region its owner's NIC does it: docs/DESIGN.md,
+  // "Remote atomics"): the fence goes once every one has its reply.
+  if (peer.state->atomics.head != nullptr) return false;
   device::Descriptor* d = lane.fifo().try_reserve();
   if (d == nullptr) return false;
   const std::uint64_t seq = expect_answer(peer, r);

@@ -37,6 +37,7 @@ std::size_t AmEngine::advance() {
   if (acks_.unacked() != 0) ++work;  // answers still owed: not idle yet
   if ((++advances_ & 63) == 0) maybe_keepalive();
   if (!busy_.empty()) work += service_busy();
+  if (!nic_waiting_.empty()) work += post_nic_waiting();
   if (rung_) flush_rung();
   return work;
 }
@@ -70,7 +71,8 @@ std::size_t AmEngine::prepare_sleep() {
 }
 
 bool AmEngine::has_pending_work() {
-  if (!posted_.empty() || !accepted_.empty() || !ready_.empty() || !busy_.empty() || acks_.unacked() != 0)
+  if (!posted_.empty() || !accepted_.empty() || !ready_.empty() || !busy_.empty() || acks_.unacked() != 0 ||
+      !nic_waiting_.empty())
     return true;
   for (device::Lane* lane : lanes_)
     if (lane->fifo().completions_due()) return true;

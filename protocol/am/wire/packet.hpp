@@ -86,8 +86,10 @@ struct AtomicArgs {
   }
 };
 // Why a target did not do an atomic; the origin's callback names it.
-enum class AtomicRefusal : std::uint16_t { none, stale_key, out_of_bounds, misaligned, bad_op };
-inline constexpr std::uint16_t kLastAtomicRefusal = static_cast<std::uint16_t>(AtomicRefusal::bad_op);
+// nic_failed: the target's NIC failed the atomic on a NIC-domain region
+// (its atomic loopback broke, or none could be made).
+enum class AtomicRefusal : std::uint16_t { none, stale_key, out_of_bounds, misaligned, bad_op, nic_failed };
+inline constexpr std::uint16_t kLastAtomicRefusal = static_cast<std::uint16_t>(AtomicRefusal::nic_failed);
 
 enum PacketFlags : std::uint16_t {
   kWantsRemoteDone = 1u << 0,  // am_first: the sender wants a remote-done

@@ -28,6 +28,14 @@ inline constexpr std::uint8_t kLastAtomicOp = static_cast<std::uint8_t>(AtomicOp
 enum class AtomicType : std::uint8_t { u32, i32, u64, i64 };
 inline constexpr std::uint8_t kLastAtomicType = static_cast<std::uint8_t>(AtomicType::i64);
 
+// Which hardware makes a region's words atomic (docs/DESIGN.md, "Remote
+// atomics"): the CPUs of the host that owns it, or its NIC. The owner
+// chooses at registration (AMI_ATOMIC_MODE) and its remote key carries the
+// choice, so that every initiator's atomics on the region take paths that
+// end in the same one; the two do not mix.
+enum class AtomicDomain : std::uint8_t { cpu, nic };
+inline constexpr std::uint8_t kLastAtomicDomain = static_cast<std::uint8_t>(AtomicDomain::nic);
+
 constexpr std::size_t width_of(AtomicType t) {
   return t == AtomicType::u32 || t == AtomicType::i32 ? 4 : 8;
 }

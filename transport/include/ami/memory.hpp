@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <span>
 
+#include "ami/atomic.hpp"
 #include "ami/status.hpp"
 
 namespace ami {
@@ -70,6 +71,9 @@ struct RemoteKey {
   std::uint32_t generation = 0;  // the registration's generation: stale keys are refused
   std::uint64_t address = 0;     // the region's first byte in the owner's address space
   std::uint64_t length = 0;
+  // Where atomics on the region are done (the owner's choice): initiators
+  // route theirs by it.
+  AtomicDomain atomics = AtomicDomain::cpu;
   // One entry per backend that registered the region, each with its own
   // backend id; entries[entry_count..] stay zero.
   std::uint8_t entry_count = 0;

@@ -94,12 +94,20 @@ class RegionKeys {
   // The backend's bytes for the peers (at most KeyEntry::kRoom), once.
   Status set_remote(std::span<const std::byte> bytes) { return remote_.add_entry(backend_, bytes); }
   void set_local(std::uint64_t word) { local_[backend_] = word; }
+  // The backend's NIC can do atomics on the region itself (verbs: the
+  // region is registered for remote atomics on a device whose atomic_cap is
+  // not NONE, and the backend has a lane to its own context to do the
+  // owner's share): the Client may then make the region's atomic domain
+  // nic (AMI_ATOMIC_MODE).
+  void offer_nic_atomics() { nic_atomics_ = true; }
+  bool nic_atomics_offered() const { return nic_atomics_; }
 
  private:
   RemoteKey& remote_;
   LocalKeys& local_;
   int shared_fd_;
   std::uint8_t backend_ = 0;
+  bool nic_atomics_ = false;
 };
 
 class Backend {

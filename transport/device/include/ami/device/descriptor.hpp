@@ -74,6 +74,10 @@ struct AtomicDescriptor {
   void* result = nullptr;
   std::uint64_t remote_address = 0;
   RemoteKey remote{};
+  // The device's own: where a NIC lands the old value (the slot stays put
+  // until it completes, and verbs registers the slots) before the device
+  // copies it to result.
+  std::uint64_t landing = 0;
 };
 
 // The same atomic with the key by reference: what a device does in the call

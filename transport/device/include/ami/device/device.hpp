@@ -85,16 +85,21 @@ class Lane {
   // holds such a message's later eager packets until it has (or the stop
   // came). False where completions pace (the default).
   virtual bool backlogged() const { return false; }
-  // Whether an atomic on key's region may go as a DescriptorKind::atomic
-  // on this lane (the device carries it out itself, with the same
-  // atomicity as the target's CPU: docs/DESIGN.md, "Remote atomics");
-  // false: the engine sends it as a message the target executes. Decided
-  // by the region, never by the operation, so every atomic on a word from
-  // this lane takes one path. A device that answers false never sees the
-  // kind, and fails a slot of it with not_supported. (Not const: a device
-  // may map the region to decide.)
-  virtual bool offloads_atomic(const RemoteKey& key) {
+  // Whether an atomic (op, type) on key's region may go as a
+  // DescriptorKind::atomic on this lane (the device carries it out itself,
+  // in the region's atomic domain: docs/DESIGN.md, "Remote atomics");
+  // false: the engine sends it as a message the target executes. A device
+  // says yes only where it works in the key's domain (CPU: self, shm on a
+  // mapping; NIC: verbs), so that every path to a word ends in the same
+  // hardware; within the NIC domain the answer may depend on the operation
+  // (a NIC does some natively, the owner's engine the rest through its
+  // NIC). A device that answers false never sees the kind, and fails a
+  // slot of it with not_supported. (Not const: a device may map the region
+  // to decide.)
+  virtual bool offloads_atomic(const RemoteKey& key, AtomicOp op, AtomicType type) {
     (void)key;
+    (void)op;
+    (void)type;
     return false;
   }
   // The same atomic done in the call, for Context::atomic_now(): asked only
@@ -182,6 +187,13 @@ class Device {
     (void)why;
     return false;
   }
+  // A lane from this context to itself through the NIC, on which the
+  // owner's engine does the atomics that reach a NIC-domain region of its
+  // own as messages (docs/DESIGN.md, "Remote atomics"): its
+  // offloads_atomic() takes at least 64-bit compare_swap on such a region.
+  // Made on first call; nullptr where the device has no NIC atomics. It
+  // carries nothing else, and its breaking is no peer's failure.
+  virtual Lane* atomic_loopback() { return nullptr; }
 
   // Sleeping (docs/DESIGN.md, "Event-driven progress"). Neither has a
   // default: a backend says how its device wakes a sleeping context, or

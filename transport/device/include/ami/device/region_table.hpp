@@ -12,6 +12,11 @@
 // slots in memory those peers map (publish_to()), and checks a key against
 // the owner's copy with check_published() before every access: the same
 // refusals as check(), made at the origin.
+//
+// A region whose atomics are its NIC's (AtomicDomain::nic) also keeps its
+// own remote key here (set_nic_home()), not published: the owner's engine
+// does the atomics that arrive as messages on it through its NIC, with that
+// key (docs/DESIGN.md, "Remote atomics").
 #pragma once
 
 #include <atomic>
@@ -94,9 +99,32 @@ class RegionTable {
     const std::uint32_t gen = slots_[region].generation.load(std::memory_order_relaxed);
     if (!(gen & 1u)) return;
     if (on_remove_) on_remove_(region);
+    if (RemoteKey* homes = homes_.load(std::memory_order_relaxed)) homes[region].generation = 0;
     // The published copy first: from here on no peer starts a copy into it.
     if (published_ != nullptr) published_[region].generation.store(gen + 1, std::memory_order_release);
     slots_[region].generation.store(gen + 1, std::memory_order_release);
+  }
+
+  // Registration only (serialised as add() is), before the key is handed
+  // out: the region's atomics are its NIC's, done with key.
+  void set_nic_home(std::uint32_t region, const RemoteKey& key) {
+    if (region >= capacity_) return;
+    RemoteKey* homes = homes_.load(std::memory_order_relaxed);
+    if (homes == nullptr) {  // made on first use: most tasks never need it
+      homes_owner_ = std::make_unique<RemoteKey[]>(capacity_);
+      homes = homes_owner_.get();
+    }
+    homes[region] = key;
+    homes_.store(homes, std::memory_order_release);
+  }
+  // The key a NIC-domain region was registered with, if the live region
+  // that key names (checked first, by check()) is one; nullptr for a region
+  // whose atomics are the CPU's.
+  const RemoteKey* nic_home(const RemoteKey& key) const {
+    const RemoteKey* homes = homes_.load(std::memory_order_acquire);
+    if (homes == nullptr || key.region >= capacity_) return nullptr;
+    const RemoteKey& h = homes[key.region];
+    return h.generation == key.generation && h.atomics == AtomicDomain::nic ? &h : nullptr;
   }
 
   // May [address, address + bytes) of the key's region be accessed? Returns
@@ -131,6 +159,8 @@ class RegionTable {
   const std::uint32_t capacity_;
   std::unique_ptr<RegionSlot[]> slots_;
   RegionSlot* published_ = nullptr;
+  std::unique_ptr<RemoteKey[]> homes_owner_;
+  std::atomic<RemoteKey*> homes_{nullptr};
   std::function<void(std::uint32_t)> on_remove_;
 };
 
