@@ -755,3 +755,124 @@ TEST_CASE("atomics: four processes increment two counters 10,000 times each, on 
   CHECK(test::run_job(4, Config{}, {owner, other, other, other}, std::chrono::seconds(120)) ==
         std::vector<int>{0, 0, 0, 0});
 }
+
+// The NIC's domain with four processes on three paths to one word
+// (AMI_ATOMIC_MODE=nic on every task, in the VM): task 1 runs without shm,
+// so its 64-bit adds are its NIC's (IBV_WR_ATOMIC_FETCH_AND_ADD); tasks 2
+// and 3 reach task 0 by shm, so theirs go as messages that task 0's engine
+// has its own NIC do, task 3's as 32-bit adds on the low half (a loop of
+// compare-and-swaps at the owner); task 0 adds through its self lane, as a
+// message too. Each word ends at exactly 4 x 10,000.
+TEST_CASE_TEMPLATE("atomics: four processes add to NIC-domain words by the NIC, by message and by a CAS loop", P,
+                   test::VerbsNicPair) {
+  constexpr int kEach = 10000;
+  constexpr std::uint16_t kKeys = 5, kDone = 6, kExit = 7, kReady = 8;
+  struct State {
+    int messages = 0;
+    std::vector<RemoteKey> keys;
+    std::vector<std::byte> buffer;  // (two keys are more than one shm packet)
+    void take(std::span<const std::byte> payload) {
+      ++messages;
+      for (std::size_t at = 0; at + RemoteKey::kSerializedSize <= payload.size(); at += RemoteKey::kSerializedSize) {
+        RemoteKey k;
+        if (RemoteKey::from_bytes(payload.subspan(at, RemoteKey::kSerializedSize), k).ok()) keys.push_back(k);
+      }
+    }
+  };
+  auto on_msg = [](void* c, const Incoming& in, Receive* recv) {
+    auto* st = static_cast<State*>(c);
+    if (recv == nullptr) return st->take(in.payload);
+    st->buffer.assign(in.total_bytes, std::byte{0});
+    recv->buffer = st->buffer.data();
+    recv->done = {+[](void* p, Status) {
+                    auto* k = static_cast<State*>(p);
+                    k->take(k->buffer);
+                  },
+                  st};
+  };
+  auto tell = [](Context& c, Endpoint to, std::uint16_t id) {
+    Status s;
+    while ((s = c.send_immediate({.dest = to, .dispatch = id})) == StatusCode::no_resource) (void)c.advance();
+    return s.ok();
+  };
+  // Adds 1 to each key's word kEach times, 64 in flight; false on any error.
+  auto hammer = [](Context& c, const std::vector<RemoteKey>& keys, AtomicType type) {
+    int done = 0, bad = 0, posted = 0;
+    const int total = kEach * static_cast<int>(keys.size());
+    struct Tally {
+      int* done;
+      int* bad;
+    } t{&done, &bad};
+    auto on = [](void* p, Status s) {
+      auto* k = static_cast<Tally*>(p);
+      ++*(s.ok() ? k->done : k->bad);
+    };
+    while (done + bad < total) {
+      while (posted < total && posted - done - bad < 64) {
+        const RemoteKey& key = keys[static_cast<std::size_t>(posted) % keys.size()];
+        Status s = c.atomic({.dest = {0, 0}, .op = AtomicOp::add, .type = type, .remote = key, .operand = 1,
+                             .done = {on, &t}});
+        if (s == StatusCode::no_resource) break;
+        if (!s.ok()) return false;
+        ++posted;
+      }
+      (void)c.advance();
+    }
+    return bad == 0;
+  };
+  auto owner = [&](Client& client) {
+    Context& c = client.context(0);
+    State st, ready;
+    if (!c.set_dispatch(kDone, {on_msg, &st}).ok() || !c.set_dispatch(kReady, {on_msg, &ready}).ok()) return 2;
+    if (!test::progress_until(c, [&] { return ready.messages == 3; })) return 9;
+    Memory mapped, registered;
+    static std::uint64_t plain[8] = {};
+    if (!client.allocate_memory(64, mapped).ok() || !client.register_memory(plain, sizeof plain, registered).ok())
+      return 3;
+    if (mapped.remote_key().atomics != AtomicDomain::nic || registered.remote_key().atomics != AtomicDomain::nic)
+      return 10;
+    std::array<std::byte, 2 * RemoteKey::kSerializedSize> keys{};
+    const auto k0 = mapped.remote_key().to_bytes();
+    const auto k1 = registered.remote_key().to_bytes();
+    std::memcpy(keys.data(), k0.data(), k0.size());
+    std::memcpy(keys.data() + k0.size(), k1.data(), k1.size());
+    for (std::uint32_t t = 1; t < 4; ++t)
+      if (!c.send({.dest = {t, 0}, .dispatch = kKeys, .payload = keys}).ok()) return 4;
+    if (!hammer(c, {mapped.remote_key(), registered.remote_key()}, AtomicType::u64)) return 5;
+    if (!test::progress_until(c, [&] { return st.messages == 3; })) return 6;
+    // (Read through the NIC's domain's own rules: nothing is adding now.)
+    const std::uint64_t a = std::atomic_ref<std::uint64_t>(*static_cast<std::uint64_t*>(mapped.address())).load();
+    const std::uint64_t b = std::atomic_ref<std::uint64_t>(plain[0]).load();
+    if (c.stats().atomics_executed < 3u * 2 * kEach) return 11;  // tasks 2, 3 and itself: by its engine
+    for (std::uint32_t t = 1; t < 4; ++t)
+      if (!tell(c, {t, 0}, kExit)) return 7;
+    for (int i = 0; i < 1000; ++i) (void)c.advance();
+    return a == 4 * kEach && b == 4 * kEach ? 0 : 8;
+  };
+  auto other = [&](Client& client) {
+    Context& c = client.context(0);
+    State keys, exit;
+    if (!c.set_dispatch(kKeys, {on_msg, &keys}).ok() || !c.set_dispatch(kExit, {on_msg, &exit}).ok()) return 2;
+    if (!tell(c, {0, 0}, kReady)) return 7;
+    if (!test::progress_until(c, [&] { return keys.keys.size() == 2; })) return 3;
+    // The paths the case is about: task 1 by verbs, tasks 2 and 3 by shm.
+    if (c.backend_for({0, 0}) != (client.task() == 1 ? "verbs" : "shm")) return 12;
+    if (!hammer(c, keys.keys, client.task() == 3 ? AtomicType::u32 : AtomicType::u64)) return 4;
+    if (!tell(c, {0, 0}, kDone)) return 5;
+    if (!test::progress_until(c, [&] { return exit.messages == 1; })) return 6;
+    return 0;
+  };
+  Config nic = P::with_nic(Config{});
+  REQUIRE(nic.set("AMI_JOB_KEY", test::make_job_key()).ok());
+  Config no_shm = nic;
+  REQUIRE(no_shm.set("AMI_BACKENDS", "self,verbs").ok());
+  const auto pids = test::spawn_ranks(
+      4, [&](std::uint32_t r, const std::string& at) { return test::job(r, 4, at, r == 1 ? no_shm : nic); },
+      {owner, other, other, other});
+  const std::vector<int> codes = test::wait_all(pids, std::chrono::seconds(120));
+  CAPTURE(codes[0]);
+  CAPTURE(codes[1]);
+  CAPTURE(codes[2]);
+  CAPTURE(codes[3]);
+  CHECK(codes == std::vector<int>{0, 0, 0, 0});
+}

@@ -185,11 +185,23 @@ class Server {
     while (!quit_) {
       if (o_.events)
         check(wait_until(c_, work, {.spin = std::chrono::microseconds(o_.spin_us)}));
+      else if (nic_does_atomics())
+        check(wait_until(c_, work, {.spin = std::chrono::microseconds(0)}));
       else
         (void)c_.advance();
       if (writing_ && last_byte(memory_, size_) == expect_) write_back();
       if (ack_report_wanted_ && remote_pending_ == 0) report_acks();
     }
+  }
+
+  // An atomic test on a region whose atomics are its NIC's
+  // (AMI_ATOMIC_MODE=nic): the client's NIC does them with this host's NIC,
+  // and this process has nothing to do until the next message, as
+  // perftest's passive side: it sleeps rather than take a CPU from the
+  // NIC's work (soft-RoCE's is a CPU's).
+  bool nic_does_atomics() const {
+    return (o_.test == Test::atomic_lat || o_.test == Test::atomic_bw) && memory_.valid() &&
+           memory_.remote_key().atomics == AtomicDomain::nic;
   }
 
  private:
