@@ -224,6 +224,29 @@ TEST_CASE("the Client's place in the job comes from the PMIx launcher") {
   if (expected_ranks != 0) CHECK(client.size() == expected_ranks);
 }
 
+// AMI_ATOMIC_MODE=auto takes the NIC's atomic domain only for a job that
+// spans hosts, which on first use the launcher's local size tells: a job
+// on one host keeps its regions in the CPU's; one across the two VMs of
+// tests/multinode (rxe: atomic_cap HCA) has them in the NIC's.
+TEST_CASE("AMI_ATOMIC_MODE=auto: the CPU's atomic domain on one host, the NIC's across hosts") {
+  ami::Client& client = *the_client;
+  std::uint64_t words[4] = {};
+  ami::Memory m;
+  REQUIRE(client.register_memory(words, sizeof words, m).ok());
+  pmix_proc_t job = pmix_self;
+  job.rank = PMIX_RANK_WILDCARD;
+  pmix_value_t* v = nullptr;
+  REQUIRE(PMIx_Get(&job, PMIX_LOCAL_SIZE, nullptr, 0, &v) == PMIX_SUCCESS);
+  const std::uint32_t local = v->type == PMIX_UINT32 ? v->data.uint32 : 0;
+  PMIX_VALUE_RELEASE(v);
+  REQUIRE(local != 0);
+  const bool spans = local < client.size();
+  // (describe_backends() names the verbs device's atomic_cap when verbs is in use)
+  const std::string backends = client.describe_backends();
+  const bool nic = backends.find("atomics HCA") != std::string::npos || backends.find("atomics GLOB") != std::string::npos;
+  CHECK(m.remote_key().atomics == (spans && nic ? ami::AtomicDomain::nic : ami::AtomicDomain::cpu));
+}
+
 TEST_CASE("a second Client in the same processes bootstraps through PMIx too, and sees fresh blobs") {
   ami::Client& first = *the_client;
   ami::Client second(ami::ClientOptions{.name = "second", .contexts = 2});

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -265,6 +266,77 @@ TEST_CASE("PUT, GET and fence to every task, across nodes and within") {
     for (std::size_t i = 0; i < kBytes; ++i) wrong += src[kBytes + i] != byte_at(i, next, 0, kBytes);
     CHECK_MESSAGE(wrong == 0, "task ", me, ": GET of task ", next, "'s slot from task ", t, ": ", wrong,
                   " bytes wrong");
+  }
+  meet(c);
+}
+
+// Remote atomics across the nodes (docs/DESIGN.md, "Remote atomics"): the
+// job spans hosts, so under AMI_ATOMIC_MODE=auto task 0's region is in its
+// NIC's domain. Every task adds to its word 0 (the other node's tasks by
+// their NICs, task 0's node-mates by shm messages its NIC does, task 0 by
+// its self lane) and fetch-adds 32-bit words to the low half of word 1 (a
+// compare-and-swap loop on task 0's NIC); no increment may be lost.
+TEST_CASE("atomics on a NIC-domain region from both nodes: by the NICs, by message, by a CAS loop") {
+  if (failure_mode()) return;
+  constexpr int kAdds = 400, kSmall = 100;
+  ami::Client client(ami::ClientOptions{.name = "atomics", .contexts = 1});
+  ami::Context& c = client.context(0);
+  const std::uint32_t me = client.task(), n = client.size();
+  std::vector<std::uint64_t> words(8, 0);
+  ami::Memory target;
+  REQUIRE(client.register_memory(words.data(), words.size() * 8, target).ok());
+  const bool spans = std::find(on_my_node.begin(), on_my_node.end(), false) != on_my_node.end();
+  CHECK(target.remote_key().atomics == (spans ? ami::AtomicDomain::nic : ami::AtomicDomain::cpu));
+  const auto key = target.remote_key().to_bytes();
+  pmix_value_t value;
+  PMIX_VALUE_CONSTRUCT(&value);
+  value.type = PMIX_BYTE_OBJECT;
+  value.data.bo.bytes = const_cast<char*>(reinterpret_cast<const char*>(key.data()));
+  value.data.bo.size = key.size();
+  const std::string name = "test.atomic.key." + std::to_string(me);
+  REQUIRE(PMIx_Put(PMIX_GLOBAL, name.c_str(), &value) == PMIX_SUCCESS);
+  REQUIRE(PMIx_Commit() == PMIX_SUCCESS);
+  REQUIRE(meet(c));
+  ami::RemoteKey owner_key;
+  {
+    pmix_proc_t p = pmix_self;
+    p.rank = 0;
+    pmix_value_t* v = nullptr;
+    REQUIRE(PMIx_Get(&p, "test.atomic.key.0", nullptr, 0, &v) == PMIX_SUCCESS);
+    REQUIRE(ami::RemoteKey::from_bytes(std::as_bytes(std::span(v->data.bo.bytes, v->data.bo.size)), owner_key).ok());
+    PMIX_VALUE_RELEASE(v);
+  }
+  // tally: atomics done, of which failed
+  std::size_t tally[2] = {0, 0}, posted = 0;
+  auto on = +[](void* cookie, ami::Status s) {
+    auto* k = static_cast<std::size_t*>(cookie);
+    if (!s.ok()) {
+      FAIL_CHECK(ami::to_string(s));
+      ++k[1];
+    }
+    ++k[0];
+  };
+  std::uint64_t old = 0;
+  const std::size_t total = kAdds + kSmall;
+  while (posted < total) {
+    while (posted < total && posted - tally[0] < 32) {
+      const bool small = posted >= kAdds;
+      const ami::Status s = c.atomic({.dest = {0, 0}, .op = small ? ami::AtomicOp::fetch_add : ami::AtomicOp::add,
+                                      .type = small ? ami::AtomicType::u32 : ami::AtomicType::u64,
+                                      .remote = owner_key, .remote_offset = small ? 8u : 0u, .operand = 1,
+                                      .result = small ? &old : nullptr, .done = {on, tally}});
+      if (s == ami::StatusCode::no_resource) break;
+      REQUIRE_MESSAGE(s.ok(), ami::to_string(s));
+      ++posted;
+    }
+    (void)c.advance();
+  }
+  REQUIRE(advance_until(c, [&] { return tally[0] == total; }, Clock::now() + kDeadline));
+  CHECK(tally[1] == 0);
+  REQUIRE(meet(c));  // every task's atomics are done
+  if (me == 0) {
+    CHECK(std::atomic_ref<std::uint64_t>(words[0]).load() == std::uint64_t{n} * kAdds);
+    CHECK(std::atomic_ref<std::uint64_t>(words[1]).load() == std::uint64_t{n} * kSmall);
   }
   meet(c);
 }

@@ -81,6 +81,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <functional>
 #include <memory>
 #include <span>
@@ -168,6 +169,10 @@ class Bootstrap {
   virtual void publish(std::span<const std::byte> mine);
   virtual Blob fetch(std::uint32_t rank) const;
   virtual std::string_view name() const = 0;  // "tcp", "pmix"
+  // Whether the job's tasks are on more than one host, where the launcher
+  // says so without an exchange (PMIx: fewer tasks on this node than in the
+  // job); nothing where it cannot tell.
+  virtual std::optional<bool> spans_hosts() const { return std::nullopt; }
   // Connections to peers kept open for the job's life, as (task, socket
   // descriptor), still owned by the bootstrap: one that hangs up says its
   // peer's process ended. None by default.

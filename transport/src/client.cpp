@@ -90,7 +90,7 @@ struct Client::Impl final : device::PeerDirectory {
   // tasks no backend reaches.
   enum : std::uint8_t { kUnknown, kReached, kApart };
   bool on_demand = false;  // addresses on first use (learn())
-  bool spans_hosts = false;  // some task is on another host (known from the exchange at start only)
+  bool spans_hosts = false;  // some task is on another host (the exchange at start, or the launcher)
   AddressBlob mine;        // this task's own, published
   std::mutex join_mutex;   // learn(): one task's address fetched and joined once
   std::vector<std::uint8_t> joined;
@@ -156,6 +156,7 @@ void Client::Impl::exchange_addresses(std::uint16_t n) {
       throw Error("bootstrap: task 0 sent a bad address: " + std::string(s.what()));
     job = first.job;
     regions.set_job(job);
+    spans_hosts = boot->spans_hosts().value_or(false);
     return;
   }
   const std::vector<bootstrap::Blob> all = boot->allgather(mine.encode());

@@ -56,7 +56,8 @@ inline constexpr ParamSpec kParams[] = {
      "is done by this task's engine), nic (the RDMA NIC's own atomics: verbs peers send them to the "
      "NIC, the rest are done by this task's engine through its NIC; registration fails where no "
      "backend's NIC does atomics), or auto: nic when the verbs device does atomics and the job "
-     "spans more than one host as far as the address exchange at start shows, cpu otherwise. The "
+     "spans more than one host (as the address exchange at start shows, or on first use the PMIx "
+     "launcher's local size), cpu otherwise. The "
      "remote key carries the choice, so tasks may differ.", false, "auto|cpu|nic"},
     {"AMI_MAX_REGIONS", "4096", ParamType::unsigned_int, 1, 1u << 20,
      "Memory registrations a client holds at once, at most 1048576."},

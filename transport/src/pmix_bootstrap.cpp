@@ -160,6 +160,23 @@ PmixBootstrap::PmixBootstrap(std::chrono::milliseconds timeout) : impl_(std::mak
 
 PmixBootstrap::~PmixBootstrap() = default;
 
+std::optional<bool> PmixBootstrap::spans_hosts() const {
+  const Impl& m = *impl_;
+  const pmix_proc_t job = m.proc(PMIX_RANK_WILDCARD);
+  pmix_info_t optional;
+  bool yes = true;
+  PMIX_INFO_CONSTRUCT(&optional);
+  PMIX_INFO_LOAD(&optional, PMIX_OPTIONAL, &yes, PMIX_BOOL);
+  pmix_value_t* v = nullptr;
+  const pmix_status_t rc = PMIx_Get(&job, PMIX_LOCAL_SIZE, &optional, 1, &v);
+  PMIX_INFO_DESTRUCT(&optional);
+  if (rc != PMIX_SUCCESS || v == nullptr) return std::nullopt;
+  const Value owned(v);
+  const std::optional<std::uint64_t> local = number(*v);
+  if (!local || *local == 0) return std::nullopt;
+  return *local < m.size;
+}
+
 std::uint32_t PmixBootstrap::rank() const { return impl_->self.rank; }
 std::uint32_t PmixBootstrap::size() const { return impl_->size; }
 const std::string& PmixBootstrap::nspace() const { return impl_->nspace; }

@@ -45,6 +45,8 @@ class PmixBootstrap final : public Bootstrap {
   void publish(std::span<const std::byte> mine) override;
   Blob fetch(std::uint32_t rank) const override;
   std::string_view name() const override { return "pmix"; }
+  // PMIX_LOCAL_SIZE (asked as optional: not waited for) against the job size.
+  std::optional<bool> spans_hosts() const override;
   const std::string& nspace() const;  // the job's PMIx namespace
 
  private:
