@@ -174,8 +174,7 @@ std::byte* VerbsLane::stage(std::uint32_t bytes) {
       refuse(lane, n, wr, {StatusCode::remote_access, "verbs: the word lies outside the remote key's region"});
       return Made::refused;
     }
-    if ((a.remote_address & 7) != 0 || width_of(a.type) != 8 ||
-        !(a.op == AtomicOp::fetch_add || a.op == AtomicOp::add || a.op == AtomicOp::compare_swap)) {
+    if ((a.remote_address & 7) != 0 || !nic_native(a.op, a.type)) {
       refuse(lane, n, wr, {StatusCode::invalid_argument, "verbs: the NIC does 64-bit fetch-add and compare-swap "
                                                          "on aligned words only"});
       return Made::refused;

@@ -123,9 +123,8 @@ device::Lane* VerbsDevice::lane(Endpoint peer) {
 }
 
 bool VerbsLane::offloads_atomic(const RemoteKey& key, AtomicOp op, AtomicType type) {
-  return key.atomics == AtomicDomain::nic && width_of(type) == 8 &&
-         (op == AtomicOp::fetch_add || op == AtomicOp::add || op == AtomicOp::compare_swap) &&
-         device_.domain_.port().atomics() && key.entry(device_.key_id_) != nullptr;
+  return key.atomics == AtomicDomain::nic && nic_native(op, type) && device_.domain_.port().atomics() &&
+         key.entry(device_.key_id_) != nullptr;
 }
 
 // The owner's NIC does the atomics on its NIC-domain regions that reach it

@@ -652,70 +652,83 @@ TEST_CASE("atomics: a peer process that dies with atomics in flight fails them w
   CHECK(codes == std::vector<int>{0, 0});
 }
 
+namespace {
+
+// The four-process cases' plumbing: a message carrying remote keys (its
+// handler takes one of several packets too), a notice, and a stream of adds.
+constexpr int kHammerEach = 10000;
+
+struct KeyMessages {
+  int messages = 0;
+  std::vector<RemoteKey> keys;
+  std::vector<std::byte> buffer;  // a message of more than one packet
+  void take(std::span<const std::byte> payload) {
+    ++messages;
+    for (std::size_t at = 0; at + RemoteKey::kSerializedSize <= payload.size(); at += RemoteKey::kSerializedSize) {
+      RemoteKey k;
+      if (RemoteKey::from_bytes(payload.subspan(at, RemoteKey::kSerializedSize), k).ok()) keys.push_back(k);
+    }
+  }
+};
+
+void on_key_message(void* c, const Incoming& in, Receive* recv) {
+  auto* st = static_cast<KeyMessages*>(c);
+  if (recv == nullptr) return st->take(in.payload);
+  st->buffer.assign(in.total_bytes, std::byte{0});
+  recv->buffer = st->buffer.data();
+  recv->done = {+[](void* p, Status) {
+                  auto* k = static_cast<KeyMessages*>(p);
+                  k->take(k->buffer);
+                },
+                st};
+}
+
+bool tell(Context& c, Endpoint to, std::uint16_t id) {
+  Status s;
+  while ((s = c.send_immediate({.dest = to, .dispatch = id})) == StatusCode::no_resource) (void)c.advance();
+  return s.ok();
+}
+
+// Adds 1 of type to each key's word kHammerEach times, 64 in flight; false
+// on any error.
+bool hammer(Context& c, Endpoint owner, const std::vector<RemoteKey>& keys, AtomicType type) {
+  int done = 0, bad = 0, posted = 0;
+  const int total = kHammerEach * static_cast<int>(keys.size());
+  struct Tally {
+    int* done;
+    int* bad;
+  } t{&done, &bad};
+  auto on = [](void* p, Status s) {
+    auto* k = static_cast<Tally*>(p);
+    ++*(s.ok() ? k->done : k->bad);
+  };
+  while (done + bad < total) {
+    while (posted < total && posted - done - bad < 64) {
+      const RemoteKey& key = keys[static_cast<std::size_t>(posted) % keys.size()];
+      Status s = c.atomic({.dest = owner, .op = AtomicOp::add, .type = type, .remote = key, .operand = 1,
+                           .done = {on, &t}});
+      if (s == StatusCode::no_resource) break;
+      if (!s.ok()) return false;
+      ++posted;
+    }
+    (void)c.advance();
+  }
+  return bad == 0;
+}
+
+}  // namespace
+
 TEST_CASE("atomics: four processes increment two counters 10,000 times each, on the mapping, by message, by self") {
   // Task 0 owns an allocate_memory() word (tasks 1..3 map it: their CPUs do
   // the atomics) and a registered word (its engine does theirs); task 0
   // itself goes through its self lane to both. Each task adds 1 to both
   // words 10,000 times, 64 in flight, then tells task 0.
-  constexpr int kEach = 10000;
+  constexpr int kEach = kHammerEach;
   constexpr std::uint16_t kKeys = 5, kDone = 6, kExit = 7, kReady = 8;
-  struct State {
-    int messages = 0;
-    std::vector<RemoteKey> keys;
-    std::vector<std::byte> buffer;  // a message of more than one packet
-    void take(std::span<const std::byte> payload) {
-      ++messages;
-      for (std::size_t at = 0; at + RemoteKey::kSerializedSize <= payload.size(); at += RemoteKey::kSerializedSize) {
-        RemoteKey k;
-        if (RemoteKey::from_bytes(payload.subspan(at, RemoteKey::kSerializedSize), k).ok()) keys.push_back(k);
-      }
-    }
-  };
-  auto on_msg = [](void* c, const Incoming& in, Receive* recv) {
-    auto* st = static_cast<State*>(c);
-    if (recv == nullptr) return st->take(in.payload);
-    st->buffer.assign(in.total_bytes, std::byte{0});
-    recv->buffer = st->buffer.data();
-    recv->done = {+[](void* p, Status) {
-                    auto* k = static_cast<State*>(p);
-                    k->take(k->buffer);
-                  },
-                  st};
-  };
-  auto tell = [](Context& c, Endpoint to, std::uint16_t id) {
-    Status s;
-    while ((s = c.send_immediate({.dest = to, .dispatch = id})) == StatusCode::no_resource) (void)c.advance();
-    return s.ok();
-  };
-  // Adds 1 to each key's word kEach times; false on any error.
-  auto hammer = [](Context& c, Endpoint owner, const std::vector<RemoteKey>& keys) {
-    int done = 0, bad = 0, posted = 0;
-    const int total = kEach * static_cast<int>(keys.size());
-    struct Tally {
-      int* done;
-      int* bad;
-    } t{&done, &bad};
-    auto on = [](void* p, Status s) {
-      auto* k = static_cast<Tally*>(p);
-      ++*(s.ok() ? k->done : k->bad);
-    };
-    while (done + bad < total) {
-      while (posted < total && posted - done - bad < 64) {
-        const RemoteKey& key = keys[static_cast<std::size_t>(posted) % keys.size()];
-        Status s = c.atomic({.dest = owner, .op = AtomicOp::add, .type = AtomicType::u64, .remote = key,
-                             .operand = 1, .done = {on, &t}});
-        if (s == StatusCode::no_resource) break;
-        if (!s.ok()) return false;
-        ++posted;
-      }
-      (void)c.advance();
-    }
-    return bad == 0;
-  };
   auto owner = [&](Client& client) {
     Context& c = client.context(0);
-    State st, ready;
-    if (!c.set_dispatch(kDone, {on_msg, &st}).ok() || !c.set_dispatch(kReady, {on_msg, &ready}).ok()) return 2;
+    KeyMessages st, ready;
+    if (!c.set_dispatch(kDone, {on_key_message, &st}).ok() || !c.set_dispatch(kReady, {on_key_message, &ready}).ok()) return 2;
     // (Each peer says when its handlers are set: a message before that is dropped.)
     if (!test::progress_until(c, [&] { return ready.messages == 3; })) return 9;
     Memory mapped, registered;
@@ -732,7 +745,7 @@ TEST_CASE("atomics: four processes increment two counters 10,000 times each, on 
       if (!c.send({.dest = {t, 0}, .dispatch = kKeys, .payload = keys,
                    .local_done = {+[](void* n, Status) { ++*static_cast<int*>(n); }, &sent}}).ok())
         return 4;
-    if (!hammer(c, {0, 0}, {mapped.remote_key(), registered.remote_key()})) return 5;
+    if (!hammer(c, {0, 0}, {mapped.remote_key(), registered.remote_key()}, AtomicType::u64)) return 5;
     if (!test::progress_until(c, [&] { return sent == 3 && st.messages == 3; })) return 6;
     const std::uint64_t a = std::atomic_ref<std::uint64_t>(*static_cast<std::uint64_t*>(mapped.address())).load();
     const std::uint64_t b = std::atomic_ref<std::uint64_t>(plain[0]).load();
@@ -743,11 +756,11 @@ TEST_CASE("atomics: four processes increment two counters 10,000 times each, on 
   };
   auto other = [&](Client& client) {
     Context& c = client.context(0);
-    State keys, exit;
-    if (!c.set_dispatch(kKeys, {on_msg, &keys}).ok() || !c.set_dispatch(kExit, {on_msg, &exit}).ok()) return 2;
+    KeyMessages keys, exit;
+    if (!c.set_dispatch(kKeys, {on_key_message, &keys}).ok() || !c.set_dispatch(kExit, {on_key_message, &exit}).ok()) return 2;
     if (!tell(c, {0, 0}, kReady)) return 7;
     if (!test::progress_until(c, [&] { return keys.keys.size() == 2; })) return 3;
-    if (!hammer(c, {0, 0}, keys.keys)) return 4;
+    if (!hammer(c, {0, 0}, keys.keys, AtomicType::u64)) return 4;
     if (!tell(c, {0, 0}, kDone)) return 5;
     if (!test::progress_until(c, [&] { return exit.messages == 1; })) return 6;
     return 0;
@@ -765,65 +778,12 @@ TEST_CASE("atomics: four processes increment two counters 10,000 times each, on 
 // message too. Each word ends at exactly 4 x 10,000.
 TEST_CASE_TEMPLATE("atomics: four processes add to NIC-domain words by the NIC, by message and by a CAS loop", P,
                    test::VerbsNicPair) {
-  constexpr int kEach = 10000;
+  constexpr int kEach = kHammerEach;
   constexpr std::uint16_t kKeys = 5, kDone = 6, kExit = 7, kReady = 8;
-  struct State {
-    int messages = 0;
-    std::vector<RemoteKey> keys;
-    std::vector<std::byte> buffer;  // (two keys are more than one shm packet)
-    void take(std::span<const std::byte> payload) {
-      ++messages;
-      for (std::size_t at = 0; at + RemoteKey::kSerializedSize <= payload.size(); at += RemoteKey::kSerializedSize) {
-        RemoteKey k;
-        if (RemoteKey::from_bytes(payload.subspan(at, RemoteKey::kSerializedSize), k).ok()) keys.push_back(k);
-      }
-    }
-  };
-  auto on_msg = [](void* c, const Incoming& in, Receive* recv) {
-    auto* st = static_cast<State*>(c);
-    if (recv == nullptr) return st->take(in.payload);
-    st->buffer.assign(in.total_bytes, std::byte{0});
-    recv->buffer = st->buffer.data();
-    recv->done = {+[](void* p, Status) {
-                    auto* k = static_cast<State*>(p);
-                    k->take(k->buffer);
-                  },
-                  st};
-  };
-  auto tell = [](Context& c, Endpoint to, std::uint16_t id) {
-    Status s;
-    while ((s = c.send_immediate({.dest = to, .dispatch = id})) == StatusCode::no_resource) (void)c.advance();
-    return s.ok();
-  };
-  // Adds 1 to each key's word kEach times, 64 in flight; false on any error.
-  auto hammer = [](Context& c, const std::vector<RemoteKey>& keys, AtomicType type) {
-    int done = 0, bad = 0, posted = 0;
-    const int total = kEach * static_cast<int>(keys.size());
-    struct Tally {
-      int* done;
-      int* bad;
-    } t{&done, &bad};
-    auto on = [](void* p, Status s) {
-      auto* k = static_cast<Tally*>(p);
-      ++*(s.ok() ? k->done : k->bad);
-    };
-    while (done + bad < total) {
-      while (posted < total && posted - done - bad < 64) {
-        const RemoteKey& key = keys[static_cast<std::size_t>(posted) % keys.size()];
-        Status s = c.atomic({.dest = {0, 0}, .op = AtomicOp::add, .type = type, .remote = key, .operand = 1,
-                             .done = {on, &t}});
-        if (s == StatusCode::no_resource) break;
-        if (!s.ok()) return false;
-        ++posted;
-      }
-      (void)c.advance();
-    }
-    return bad == 0;
-  };
   auto owner = [&](Client& client) {
     Context& c = client.context(0);
-    State st, ready;
-    if (!c.set_dispatch(kDone, {on_msg, &st}).ok() || !c.set_dispatch(kReady, {on_msg, &ready}).ok()) return 2;
+    KeyMessages st, ready;
+    if (!c.set_dispatch(kDone, {on_key_message, &st}).ok() || !c.set_dispatch(kReady, {on_key_message, &ready}).ok()) return 2;
     if (!test::progress_until(c, [&] { return ready.messages == 3; })) return 9;
     Memory mapped, registered;
     static std::uint64_t plain[8] = {};
@@ -838,7 +798,7 @@ TEST_CASE_TEMPLATE("atomics: four processes add to NIC-domain words by the NIC, 
     std::memcpy(keys.data() + k0.size(), k1.data(), k1.size());
     for (std::uint32_t t = 1; t < 4; ++t)
       if (!c.send({.dest = {t, 0}, .dispatch = kKeys, .payload = keys}).ok()) return 4;
-    if (!hammer(c, {mapped.remote_key(), registered.remote_key()}, AtomicType::u64)) return 5;
+    if (!hammer(c, {0, 0}, {mapped.remote_key(), registered.remote_key()}, AtomicType::u64)) return 5;
     const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(110);  // (see other, below)
     while (st.messages != 3 && std::chrono::steady_clock::now() < end) (void)c.advance();
     if (st.messages != 3) return 6;
@@ -853,13 +813,13 @@ TEST_CASE_TEMPLATE("atomics: four processes add to NIC-domain words by the NIC, 
   };
   auto other = [&](Client& client) {
     Context& c = client.context(0);
-    State keys, exit;
-    if (!c.set_dispatch(kKeys, {on_msg, &keys}).ok() || !c.set_dispatch(kExit, {on_msg, &exit}).ok()) return 2;
+    KeyMessages keys, exit;
+    if (!c.set_dispatch(kKeys, {on_key_message, &keys}).ok() || !c.set_dispatch(kExit, {on_key_message, &exit}).ok()) return 2;
     if (!tell(c, {0, 0}, kReady)) return 7;
     if (!test::progress_until(c, [&] { return keys.keys.size() == 2; })) return 3;
     // The paths the case is about: task 1 by verbs, tasks 2 and 3 by shm.
     if (c.backend_for({0, 0}) != (client.task() == 1 ? "verbs" : "shm")) return 12;
-    if (!hammer(c, keys.keys, client.task() == 3 ? AtomicType::u32 : AtomicType::u64)) return 4;
+    if (!hammer(c, {0, 0}, keys.keys, client.task() == 3 ? AtomicType::u32 : AtomicType::u64)) return 4;
     if (!tell(c, {0, 0}, kDone)) return 5;
     // (Task 1's adds are its NIC's and end long before the others', which
     // the owner's NIC does one loop at a time: under a sanitizer in the VM,

@@ -92,6 +92,33 @@ bool meet(ami::Context& c) {
   return met;
 }
 
+// A task's remote key through the launcher, under prefix + its task:
+// published here, fetched by the others once all have met.
+void publish_key(const ami::RemoteKey& key, const std::string& prefix, std::uint32_t me) {
+  const auto bytes = key.to_bytes();
+  pmix_value_t value;
+  PMIX_VALUE_CONSTRUCT(&value);
+  value.type = PMIX_BYTE_OBJECT;
+  value.data.bo.bytes = const_cast<char*>(reinterpret_cast<const char*>(bytes.data()));
+  value.data.bo.size = bytes.size();
+  const std::string name = prefix + std::to_string(me);
+  REQUIRE(PMIx_Put(PMIX_GLOBAL, name.c_str(), &value) == PMIX_SUCCESS);
+  REQUIRE(PMIx_Commit() == PMIX_SUCCESS);
+}
+
+ami::RemoteKey fetch_key(const std::string& prefix, std::uint32_t task) {
+  pmix_proc_t p = pmix_self;
+  p.rank = task;
+  pmix_value_t* v = nullptr;
+  const std::string name = prefix + std::to_string(task);
+  REQUIRE(PMIx_Get(&p, name.c_str(), nullptr, 0, &v) == PMIX_SUCCESS);
+  ami::RemoteKey key;
+  const ami::Status s = ami::RemoteKey::from_bytes(std::as_bytes(std::span(v->data.bo.bytes, v->data.bo.size)), key);
+  PMIX_VALUE_RELEASE(v);
+  REQUIRE(s.ok());
+  return key;
+}
+
 ami::Config config_with(std::string_view name, std::string_view value) {
   ami::Config c = ami::Config::from_environment();
   REQUIRE(c.set(name, value).ok());
@@ -217,26 +244,10 @@ TEST_CASE("PUT, GET and fence to every task, across nodes and within") {
   ami::Memory target, source;
   REQUIRE(client.register_memory(slots.data(), slots.size(), target).ok());
   REQUIRE(client.register_memory(src.data(), src.size(), source).ok());
-  const auto key = target.remote_key().to_bytes();
-  pmix_value_t value;
-  PMIX_VALUE_CONSTRUCT(&value);
-  value.type = PMIX_BYTE_OBJECT;
-  value.data.bo.bytes = const_cast<char*>(reinterpret_cast<const char*>(key.data()));
-  value.data.bo.size = key.size();
-  const std::string name = "test.key." + std::to_string(me);
-  REQUIRE(PMIx_Put(PMIX_GLOBAL, name.c_str(), &value) == PMIX_SUCCESS);
-  REQUIRE(PMIx_Commit() == PMIX_SUCCESS);
+  publish_key(target.remote_key(), "test.key.", me);
   REQUIRE(meet(c));
   std::vector<ami::RemoteKey> keys(n);
-  for (std::uint32_t t = 0; t < n; ++t) {
-    pmix_proc_t p = pmix_self;
-    p.rank = t;
-    pmix_value_t* v = nullptr;
-    const std::string k = "test.key." + std::to_string(t);
-    REQUIRE(PMIx_Get(&p, k.c_str(), nullptr, 0, &v) == PMIX_SUCCESS);
-    REQUIRE(ami::RemoteKey::from_bytes(std::as_bytes(std::span(v->data.bo.bytes, v->data.bo.size)), keys[t]).ok());
-    PMIX_VALUE_RELEASE(v);
-  }
+  for (std::uint32_t t = 0; t < n; ++t) keys[t] = fetch_key("test.key.", t);
   for (std::size_t i = 0; i < kBytes; ++i) src[i] = byte_at(i, me, 0, kBytes);
   std::size_t put_done = 0, fenced = 0, got = 0;
   auto count = +[](void* cookie, ami::Status s) {
@@ -287,25 +298,9 @@ TEST_CASE("atomics on a NIC-domain region from both nodes: by the NICs, by messa
   REQUIRE(client.register_memory(words.data(), words.size() * 8, target).ok());
   const bool spans = std::find(on_my_node.begin(), on_my_node.end(), false) != on_my_node.end();
   CHECK(target.remote_key().atomics == (spans ? ami::AtomicDomain::nic : ami::AtomicDomain::cpu));
-  const auto key = target.remote_key().to_bytes();
-  pmix_value_t value;
-  PMIX_VALUE_CONSTRUCT(&value);
-  value.type = PMIX_BYTE_OBJECT;
-  value.data.bo.bytes = const_cast<char*>(reinterpret_cast<const char*>(key.data()));
-  value.data.bo.size = key.size();
-  const std::string name = "test.atomic.key." + std::to_string(me);
-  REQUIRE(PMIx_Put(PMIX_GLOBAL, name.c_str(), &value) == PMIX_SUCCESS);
-  REQUIRE(PMIx_Commit() == PMIX_SUCCESS);
+  publish_key(target.remote_key(), "test.atomic.key.", me);
   REQUIRE(meet(c));
-  ami::RemoteKey owner_key;
-  {
-    pmix_proc_t p = pmix_self;
-    p.rank = 0;
-    pmix_value_t* v = nullptr;
-    REQUIRE(PMIx_Get(&p, "test.atomic.key.0", nullptr, 0, &v) == PMIX_SUCCESS);
-    REQUIRE(ami::RemoteKey::from_bytes(std::as_bytes(std::span(v->data.bo.bytes, v->data.bo.size)), owner_key).ok());
-    PMIX_VALUE_RELEASE(v);
-  }
+  const ami::RemoteKey owner_key = fetch_key("test.atomic.key.", 0);
   // tally: atomics done, of which failed
   std::size_t tally[2] = {0, 0}, posted = 0;
   auto on = +[](void* cookie, ami::Status s) {

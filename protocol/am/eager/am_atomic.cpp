@@ -200,10 +200,6 @@ std::uint64_t apply(AtomicOp op, std::uint64_t w, std::uint64_t v, std::uint64_t
   }
   return w;
 }
-// Does the NIC do it as it is (IBV_WR_ATOMIC_*), or by compare-and-swaps?
-bool nic_native(AtomicOp op, AtomicType type) {
-  return width_of(type) == 8 && (op == AtomicOp::fetch_add || op == AtomicOp::add || op == AtomicOp::compare_swap);
-}
 }  // namespace
 
 device::Lane* AmEngine::nic_loopback() {

@@ -40,6 +40,12 @@ constexpr std::size_t width_of(AtomicType t) {
   return t == AtomicType::u32 || t == AtomicType::i32 ? 4 : 8;
 }
 constexpr bool returns_old(AtomicOp op) { return op != AtomicOp::add; }
+// What an RDMA NIC does itself (IBV_WR_ATOMIC_FETCH_AND_ADD, _CMP_AND_SWP):
+// 64-bit fetch_add, add and compare_swap. The rest, on a NIC-domain region,
+// is a loop of compare-and-swaps (docs/DESIGN.md, "Remote atomics").
+constexpr bool nic_native(AtomicOp op, AtomicType t) {
+  return width_of(t) == 8 && (op == AtomicOp::fetch_add || op == AtomicOp::add || op == AtomicOp::compare_swap);
+}
 // Is address a multiple of the type's width? (A mask: the widths are powers
 // of two, which `% width_of(t)` left to a division.)
 constexpr bool aligned_for(std::uint64_t address, AtomicType t) { return (address & (width_of(t) - 1)) == 0; }
