@@ -140,14 +140,23 @@ class ShmDevice final : public device::Device {
     Mapping mapping;
   };
   static constexpr std::size_t kMaxSharedViews = 64;
-  Status shared_target(const ShmLane& lane, const RemoteKey& k, std::uint64_t remote_address, std::uint64_t length,
-                       std::uint32_t shared_fd, std::byte*& out);
+  // (inline, defined in shm_rdma.cpp, its only user: the mapped atomic is a
+  // few nanoseconds' work, and these calls were most of it.)
+  inline Status shared_target(const ShmLane& lane, const RemoteKey& k, std::uint64_t remote_address,
+                              std::uint64_t length, std::uint32_t shared_fd, std::byte*& out);
   // Is key's region a peer's shared one this process maps (or can map now)?
   bool maps_region(const ShmLane& lane, const RemoteKey& key);
   void atomic_mapped(ShmLane& lane, std::uint64_t n, const device::AtomicDescriptor& a);
   // (shared_fd: the key's shm entry, decoded by the caller)
-  Status atomic_on_mapping(ShmLane& lane, const device::AtomicRef& a, std::uint32_t shared_fd);
-  SharedView* map_shared(const ShmLane& lane, std::uint32_t task, std::uint32_t shared_fd);
+  inline Status atomic_on_mapping(ShmLane& lane, const device::AtomicRef& a, std::uint32_t shared_fd);
+  // The view of the peer's shared region: found among those mapped, or
+  // mapped now (map_new()); nullptr when it cannot be.
+  SharedView* map_shared(const ShmLane& lane, std::uint32_t task, std::uint32_t shared_fd) {
+    for (SharedView& v : shared_views_)
+      if (v.task == task && v.shared_fd == shared_fd) return &v;
+    return map_new(lane, task, shared_fd);
+  }
+  SharedView* map_new(const ShmLane& lane, std::uint32_t task, std::uint32_t shared_fd);
   Step rdma_mapped(ShmLane& lane, std::uint64_t n, std::uint32_t shared_fd);
   Step rdma_cma(ShmLane& lane, std::uint64_t n);
   Step put_through_ring(ShmLane& lane, std::uint64_t n);

@@ -47,10 +47,9 @@ Status cma_error(int err, bool put) {
 
 }  // namespace
 
-// Maps the peer's shared region once; later operations find it here.
-ShmDevice::SharedView* ShmDevice::map_shared(const ShmLane& lane, std::uint32_t task, std::uint32_t shared_fd) {
-  for (SharedView& v : shared_views_)
-    if (v.task == task && v.shared_fd == shared_fd) return &v;
+// Maps the peer's shared region once; later operations find it in
+// shared_views_ (map_shared()).
+ShmDevice::SharedView* ShmDevice::map_new(const ShmLane& lane, std::uint32_t task, std::uint32_t shared_fd) {
   const std::string path = "/proc/" + std::to_string(lane.pid_) + "/fd/" + std::to_string(shared_fd - 1);
   const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) return nullptr;
@@ -67,7 +66,7 @@ ShmDevice::SharedView* ShmDevice::map_shared(const ShmLane& lane, std::uint32_t 
 
 // Where [remote_address, + length) of a shared region lies in this process,
 // after checking that the region behind the key is still the one it names.
-Status ShmDevice::shared_target(const ShmLane& lane, const RemoteKey& k, std::uint64_t remote_address,
+inline Status ShmDevice::shared_target(const ShmLane& lane, const RemoteKey& k, std::uint64_t remote_address,
                                 std::uint64_t length, std::uint32_t shared_fd, std::byte*& out) {
   SharedView* v = map_shared(lane, k.task, shared_fd);
   if (v == nullptr) return {StatusCode::unreachable, "the peer's shared region cannot be mapped"};
@@ -119,6 +118,22 @@ bool ShmDevice::maps_region(const ShmLane& lane, const RemoteKey& key) {
          map_shared(lane, key.task, shared_fd) != nullptr;
 }
 
+// The op on the word, where this process maps it (atomic_mapped() and
+// atomic_in_place() below).
+inline Status ShmDevice::atomic_on_mapping(ShmLane& lane, const device::AtomicRef& a, std::uint32_t shared_fd) {
+  const std::size_t width = width_of(a.type);
+  std::byte* word = nullptr;
+  Status s = shared_target(lane, a.remote, a.remote_address, width, shared_fd, word);
+  // (A view dropped since offloads_atomic() said yes, and not mappable
+  // again: the op cannot go another way now without mixing paths.)
+  if (s.ok() && !aligned_for(reinterpret_cast<std::uintptr_t>(word), a.type))
+    s = {StatusCode::invalid_argument, "atomic: the remote address is misaligned for its width"};
+  if (!s.ok()) return s;
+  const std::uint64_t old = device::cpu_atomic(a.op, a.type, word, a.operand, a.compare);
+  if (a.result != nullptr) std::memcpy(a.result, &old, width);
+  return Status::success();
+}
+
 // An atomic on a peer's allocate_memory() region: std::atomic_ref on this
 // process's mapping of the same pages, which the owner's engine and every
 // other mapping peer use too. Done at once, as a mapped PUT is.
@@ -141,20 +156,6 @@ Status ShmLane::atomic_in_place(const device::AtomicRef& a) {
     return kNotMapped;
   const Status s = device_.atomic_on_mapping(*this, a, shared_fd);
   return s == StatusCode::unreachable ? kNotMapped : s;
-}
-
-Status ShmDevice::atomic_on_mapping(ShmLane& lane, const device::AtomicRef& a, std::uint32_t shared_fd) {
-  const std::size_t width = width_of(a.type);
-  std::byte* word = nullptr;
-  Status s = shared_target(lane, a.remote, a.remote_address, width, shared_fd, word);
-  // (A view dropped since offloads_atomic() said yes, and not mappable
-  // again: the op cannot go another way now without mixing paths.)
-  if (s.ok() && !aligned_for(reinterpret_cast<std::uintptr_t>(word), a.type))
-    s = {StatusCode::invalid_argument, "atomic: the remote address is misaligned for its width"};
-  if (!s.ok()) return s;
-  const std::uint64_t old = device::cpu_atomic(a.op, a.type, word, a.operand, a.compare);
-  if (a.result != nullptr) std::memcpy(a.result, &old, width);
-  return Status::success();
 }
 
 ShmDevice::Step ShmDevice::rdma_cma(ShmLane& lane, std::uint64_t n) {

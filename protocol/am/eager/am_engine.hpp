@@ -88,6 +88,7 @@ class AmEngine final : public device::PacketSink {
   };
 
   AmEngine(Shape shape, ContextStats& stats);
+  const Shape& shape() const { return shape_; }
 
   // Devices in priority order; the first that can reach a peer carries it.
   void add_device(device::Device& device) {
