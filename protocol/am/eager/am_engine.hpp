@@ -437,7 +437,7 @@ class AmEngine final : public device::PacketSink {
   // Fails what the peer's state holds: its queues, answers and messages.
   void fail_work(Peer& peer, Status why);
   void keepalive();
-  void maybe_keepalive();  // every 64th advance() (it reads the clock)
+  void maybe_keepalive(std::int64_t now_ns);  // every 64th advance() (it reads the clock), and before sleeping
   // Reception credit back to every polled device (shm ring cells, verbs
   // receives), in a lull or before sleeping; how much went.
   std::size_t return_credit();

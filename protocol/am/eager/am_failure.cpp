@@ -165,10 +165,12 @@ void AmEngine::keepalive() {
   }
 }
 
-// Called from advance(): looks at the clock every 64 advances.
-void AmEngine::maybe_keepalive() {
+// Called from advance() every 64 advances, with the coarse clock, and
+// before sleeping, with the precise one: the sleeper's timer is set for
+// next_keepalive_ns_, and a coarse reading that lags it would find the
+// round not due yet each time the timer wakes the context.
+void AmEngine::maybe_keepalive(std::int64_t now) {
   if (shape_.options.keepalive_ms == 0) return;
-  const std::int64_t now = device::coarse_now_ns();
   if (now < next_keepalive_ns_) return;
   if (next_keepalive_ns_ != 0) keepalive();
   next_keepalive_ns_ = now + std::int64_t{shape_.options.keepalive_ms} * 1000000;

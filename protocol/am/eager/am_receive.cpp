@@ -2,6 +2,7 @@
 // dispatching, eager reassembly, acks; and the advance loop.
 #include <cstring>
 
+#include "ami/device/coarse_clock.hpp"
 #include "am_engine.hpp"
 
 namespace ami::protocol {
@@ -35,7 +36,7 @@ std::size_t AmEngine::advance() {
     (void)return_credit();
   }
   if (acks_.unacked() != 0) ++work;  // answers still owed: not idle yet
-  if ((++advances_ & 63) == 0) maybe_keepalive();
+  if ((++advances_ & 63) == 0) maybe_keepalive(device::coarse_now_ns());
   if (!busy_.empty()) work += service_busy();
   if (!nic_waiting_.empty()) work += post_nic_waiting();
   if (rung_) flush_rung();
@@ -63,7 +64,7 @@ std::size_t AmEngine::prepare_sleep() {
   }
   work += return_credit();
   const std::uint64_t probes = stats_.keepalives_sent;
-  maybe_keepalive();
+  maybe_keepalive(device::precise_now_ns());
   work += stats_.keepalives_sent - probes;
   if (!busy_.empty()) work += service_busy();
   if (rung_) flush_rung();

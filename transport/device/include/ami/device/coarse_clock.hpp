@@ -21,4 +21,13 @@ inline std::int64_t coarse_now_ns() {
   return std::int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
 }
 
+// The same clock, read exactly: for the rare places that judge a deadline a
+// timer just woke them for (before sleeping), where the coarse reading may
+// still lag the timer by a tick or more and make every wake-up early.
+inline std::int64_t precise_now_ns() {
+  timespec t{};
+  ::clock_gettime(CLOCK_MONOTONIC, &t);
+  return std::int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
+}
+
 }  // namespace ami::device
