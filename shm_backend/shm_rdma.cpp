@@ -67,7 +67,7 @@ ShmDevice::SharedView* ShmDevice::map_new(const ShmLane& lane, std::uint32_t tas
 // Where [remote_address, + length) of a shared region lies in this process,
 // after checking that the region behind the key is still the one it names.
 inline Status ShmDevice::shared_target(const ShmLane& lane, const RemoteKey& k, std::uint64_t remote_address,
-                                std::uint64_t length, std::uint32_t shared_fd, std::byte*& out) {
+                                       std::uint64_t length, std::uint32_t shared_fd, std::byte*& out) {
   SharedView* v = map_shared(lane, k.task, shared_fd);
   if (v == nullptr) return {StatusCode::unreachable, "the peer's shared region cannot be mapped"};
   const auto* h = reinterpret_cast<const SharedRegionHeader*>(v->mapping.data());
