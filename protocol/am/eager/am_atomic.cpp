@@ -39,8 +39,7 @@ Status AmEngine::atomic(const AtomicParams& p) {
   const device::AtomicDescriptor a{.op = p.op, .type = p.type, .operand = p.operand, .compare = p.compare,
                                    .result = returns_old(p.op) ? p.result : nullptr,
                                    .remote_address = p.remote.address + p.remote_offset, .remote = p.remote};
-  if (peer->state->head == nullptr &&
-      (p.remote.atomics == AtomicDomain::cpu || peer->state->atomics.head == nullptr) &&
+  if (peer->state->head == nullptr && !peer->state->holds_offloaded(p.remote) &&
       peer->lane->offloads_atomic(p.remote, p.op, p.type)) {
     // Nothing queued before it and the device does it: straight into the
     // FIFO, the callback listed directly, as a PUT's is.
@@ -94,12 +93,7 @@ bool AmEngine::inject_atomic(Peer& peer, Request& r) {
   device::Descriptor* d = lane.fifo().try_reserve();
   if (d == nullptr) return false;
   if (lane.offloads_atomic(r.atomic.remote, r.atomic.op, r.atomic.type)) {
-    // On a NIC-domain region, not ahead of an atomic sent as a packet that
-    // is not answered yet: the target's NIC may still be doing it. (A
-    // CPU-domain word takes one path from a lane, and the target does its
-    // packets in lane order.)
-    if (r.atomic.remote.atomics == AtomicDomain::nic && peer.state->atomics.head != nullptr)
-      return false;  // (the reserved slot stays free)
+    if (peer.state->holds_offloaded(r.atomic.remote)) return false;  // (the reserved slot stays free)
     d->kind = device::DescriptorKind::atomic;
     d->atomic = r.atomic;
     r.local_pending = true;

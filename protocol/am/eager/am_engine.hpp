@@ -289,6 +289,13 @@ class AmEngine final : public device::PacketSink {
     std::uint64_t last_get = 0;     // FIFO position after the newest GET injected on the lane
     std::uint32_t immediate = 0;    // immediate_limit() to it
     bool busy = false;
+    // An atomic the lane's device does on a NIC-domain word waits while one
+    // sent to this peer as a packet is unanswered: the owner's NIC may still
+    // be doing that one. (A CPU-domain word takes one path from a lane, and
+    // the owner does its packets in lane order.)
+    bool holds_offloaded(const RemoteKey& key) const {
+      return key.atomics == AtomicDomain::nic && atomics.head != nullptr;
+    }
   };
   // Every endpoint of the job has one, talked to or not: what a send and an
   // arrival test first (lane, failure), and the rest when there is any.
