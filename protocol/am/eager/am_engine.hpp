@@ -445,6 +445,9 @@ class AmEngine final : public device::PacketSink {
   void fail_work(Peer& peer, Status why);
   void keepalive();
   void maybe_keepalive(std::int64_t now_ns);  // every 64th advance() (it reads the clock), and before sleeping
+  // How far behind the precise clock prepare_sleep() allows the coarse one
+  // to be (a tick is 1-4 ms; a loaded machine delays ticks by several).
+  static constexpr std::int64_t kCoarseLagNs = 50'000'000;
   // Reception credit back to every polled device (shm ring cells, verbs
   // receives), in a lull or before sleeping; how much went.
   std::size_t return_credit();

@@ -63,9 +63,14 @@ std::size_t AmEngine::prepare_sleep() {
     acks_.flush_all([this](std::uint32_t p, const AckDispatcher::Range& r) { emit_ack(p, r); });
   }
   work += return_credit();
-  const std::uint64_t probes = stats_.keepalives_sent;
-  maybe_keepalive(device::precise_now_ns());
-  work += stats_.keepalives_sent - probes;
+  // The precise clock is read only when a round may be due by the coarse
+  // one and the most it lags: where the clock source is not readable from
+  // user space (a guest's HPET), reading it is a system call.
+  if (shape_.options.keepalive_ms != 0 && device::coarse_now_ns() + kCoarseLagNs >= next_keepalive_ns_) {
+    const std::uint64_t probes = stats_.keepalives_sent;
+    maybe_keepalive(device::precise_now_ns());
+    work += stats_.keepalives_sent - probes;
+  }
   if (!busy_.empty()) work += service_busy();
   if (rung_) flush_rung();
   return work;
