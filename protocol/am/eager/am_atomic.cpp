@@ -28,27 +28,41 @@ namespace ami::protocol {
 
 namespace {
 constexpr std::size_t kOutOfSequence = 7;  // ContextStats::malformed_by_reason (am_receive.cpp)
+
+// The descriptor of p, written where it stays (a FIFO slot or a request):
+// the key is copied once.
+void describe(device::AtomicDescriptor& a, const AtomicParams& p) {
+  a.op = p.op;
+  a.type = p.type;
+  a.operand = p.operand;
+  a.compare = p.compare;
+  a.result = returns_old(p.op) ? p.result : nullptr;
+  a.remote_address = p.remote.address + p.remote_offset;
+  a.remote = p.remote;
+}
 }  // namespace
 
 Status AmEngine::atomic(const AtomicParams& p) {
   Peer* peer = peer_for(p.dest);
   if (peer == nullptr) return {StatusCode::invalid_argument, "atomic: endpoint is out of range"};
-  if (lane_for(*peer) == nullptr) return {StatusCode::unreachable, "atomic: no backend reaches the endpoint"};
-  if (!peer->failure.ok()) return {StatusCode::peer_failed, "atomic: the endpoint's peer failed"};
+  return post_atomic(*peer, p);
+}
+
+Status AmEngine::post_atomic(Peer& peer, const AtomicParams& p) {
+  if (lane_for(peer) == nullptr) return {StatusCode::unreachable, "atomic: no backend reaches the endpoint"};
+  if (!peer.failure.ok()) return {StatusCode::peer_failed, "atomic: the endpoint's peer failed"};
   ++stats_.atomics;
-  const device::AtomicDescriptor a{.op = p.op, .type = p.type, .operand = p.operand, .compare = p.compare,
-                                   .result = returns_old(p.op) ? p.result : nullptr,
-                                   .remote_address = p.remote.address + p.remote_offset, .remote = p.remote};
-  if (peer->state->head == nullptr && !peer->state->holds_offloaded(p.remote) &&
-      peer->lane->offloads_atomic(p.remote, p.op, p.type)) {
+  device::Lane& lane = *peer.lane;
+  if (peer.state->head == nullptr && !peer.state->offloaded_must_wait(p.remote) &&
+      lane.offloads_atomic(p.remote, p.op, p.type)) {
     // Nothing queued before it and the device does it: straight into the
     // FIFO, the callback listed directly, as a PUT's is.
-    if (device::Descriptor* d = peer->lane->fifo().try_reserve()) {
+    if (device::Descriptor* d = lane.fifo().try_reserve()) {
       d->kind = device::DescriptorKind::atomic;
-      d->atomic = a;
-      peer->lane->fifo().commit(p.done);
-      peer->state->last_get = peer->lane->fifo().injected();  // (a fence waits for it as for a GET)
-      ring(*peer->lane);
+      describe(d->atomic, p);
+      lane.fifo().commit(p.done);
+      peer.state->last_get = lane.fifo().injected();  // (a fence waits for it as for a GET)
+      ring(lane);
       return Status::success();
     }
   }
@@ -58,9 +72,9 @@ Status AmEngine::atomic(const AtomicParams& p) {
     return {StatusCode::no_resource, "atomic: every request (AMI_MAX_REQUESTS) is in use"};
   }
   r->kind = Request::Kind::atomic;
-  r->atomic = a;
+  describe(r->atomic, p);
   r->local_done = p.done;
-  enqueue(*peer, *r);
+  enqueue(peer, *r);
   return Status::success();
 }
 
@@ -69,7 +83,8 @@ Status AmEngine::atomic(const AtomicParams& p) {
 // else as atomic() would, and its callback reports it.
 Status AmEngine::atomic_now(const AtomicParams& p) {
   Peer* peer = peer_for(p.dest);
-  if (peer != nullptr && peer->failure.ok() && lane_for(*peer) != nullptr && peer->state->head == nullptr) {
+  if (peer == nullptr) return {StatusCode::invalid_argument, "atomic: endpoint is out of range"};
+  if (peer->failure.ok() && lane_for(*peer) != nullptr && peer->state->head == nullptr) {
     device::Lane& lane = *peer->lane;
     auto& fifo = lane.fifo();
     if (fifo.injected() == fifo.counter().snapshot() && fifo.pending_callbacks() == 0) {
@@ -83,7 +98,7 @@ Status AmEngine::atomic_now(const AtomicParams& p) {
       if (s != StatusCode::not_supported) return s;
     }
   }
-  const Status s = atomic(p);
+  const Status s = post_atomic(*peer, p);
   return s.ok() ? Status{StatusCode::in_progress, "atomic_now: posted; done reports it"} : s;
 }
 
@@ -93,7 +108,7 @@ bool AmEngine::inject_atomic(Peer& peer, Request& r) {
   device::Descriptor* d = lane.fifo().try_reserve();
   if (d == nullptr) return false;
   if (lane.offloads_atomic(r.atomic.remote, r.atomic.op, r.atomic.type)) {
-    if (peer.state->holds_offloaded(r.atomic.remote)) return false;  // (the reserved slot stays free)
+    if (peer.state->offloaded_must_wait(r.atomic.remote)) return false;  // (the reserved slot stays free)
     d->kind = device::DescriptorKind::atomic;
     d->atomic = r.atomic;
     r.local_pending = true;

@@ -293,7 +293,7 @@ class AmEngine final : public device::PacketSink {
     // sent to this peer as a packet is unanswered: the owner's NIC may still
     // be doing that one. (A CPU-domain word takes one path from a lane, and
     // the owner does its packets in lane order.)
-    bool holds_offloaded(const RemoteKey& key) const {
+    bool offloaded_must_wait(const RemoteKey& key) const {
       return key.atomics == AtomicDomain::nic && atomics.head != nullptr;
     }
   };
@@ -455,6 +455,7 @@ class AmEngine final : public device::PacketSink {
   void flush_rung();
 
   // remote atomics (am_atomic.cpp)
+  Status post_atomic(Peer& peer, const AtomicParams& p);  // atomic() to a known peer
   bool inject_atomic(Peer& peer, Request& r);
   void on_atomic(Peer& peer, const wire::PacketView& v);
   void on_atomic_reply(Peer& peer, const wire::PacketView& v);
