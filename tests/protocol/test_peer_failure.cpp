@@ -199,6 +199,23 @@ TEST_CASE("keepalives go to a quiet peer, owed an answer or not, and not to one 
   CHECK(quiet.sa.keepalives_sent == 0);
 }
 
+TEST_CASE("with keepalives off (interval 0) a quiet peer is never probed, by advance() or before sleeping" * test::any_backend()) {
+  Trio t(0);
+  REQUIRE(t.send(t.ea, {0, 1}).ok());
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(30);
+  while (std::chrono::steady_clock::now() < end) {
+    for (int i = 0; i < 64; ++i) {
+      (void)t.ea.advance();
+      (void)t.eb.advance();
+    }
+    (void)t.ea.prepare_sleep();
+  }
+  CHECK(t.outcomes[0].calls == 1);
+  CHECK(t.sa.keepalives_sent == 0);
+  CHECK(t.sb.keepalives_received == 0);
+  CHECK(t.ea.next_deadline_ns() == 0);  // nothing to wake for
+}
+
 namespace {
 
 constexpr std::uint16_t kHello = 10, kBig = 11, kData = 2, kBye = 3;

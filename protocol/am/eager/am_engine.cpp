@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 namespace ami::protocol {
 
@@ -47,6 +48,7 @@ AmEngine::AmEngine(Shape shape, ContextStats& stats)
   peers_.resize(std::size_t{shape.tasks} * shape.contexts);
   posted_.reserve(64);
   running_.reserve(64);
+  if (shape.options.keepalive_ms == 0) next_keepalive_ns_ = std::numeric_limits<std::int64_t>::max();
 }
 
 Status AmEngine::set_dispatch(std::uint16_t id, Dispatch dispatch) {

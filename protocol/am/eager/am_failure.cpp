@@ -170,8 +170,7 @@ void AmEngine::keepalive() {
 // next_keepalive_ns_, and a coarse reading that lags it would find the
 // round not due yet each time the timer wakes the context.
 void AmEngine::maybe_keepalive(std::int64_t now) {
-  if (shape_.options.keepalive_ms == 0) return;
-  if (now < next_keepalive_ns_) return;
+  if (now < next_keepalive_ns_) return;  // (never, with keepalives off)
   if (next_keepalive_ns_ != 0) keepalive();
   next_keepalive_ns_ = now + std::int64_t{shape_.options.keepalive_ms} * 1000000;
 }

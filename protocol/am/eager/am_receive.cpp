@@ -66,7 +66,7 @@ std::size_t AmEngine::prepare_sleep() {
   // The precise clock is read only when a round may be due by the coarse
   // one and the most it lags: where the clock source is not readable from
   // user space (a guest's HPET), reading it is a system call.
-  if (shape_.options.keepalive_ms != 0 && device::coarse_now_ns() + kCoarseLagNs >= next_keepalive_ns_) {
+  if (device::coarse_now_ns() + kCoarseLagNs >= next_keepalive_ns_) {
     const std::uint64_t probes = stats_.keepalives_sent;
     maybe_keepalive(device::precise_now_ns());
     work += stats_.keepalives_sent - probes;
