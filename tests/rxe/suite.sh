@@ -99,7 +99,13 @@ atomics_pairs=(--test-case="${rdma_pairs[0]#--test-case=},*<VerbsNicPair>")
 step atomics_verbs "$build/tests/backends/test_atomics_verbs" "${atomics_pairs[@]}"
 step wireup_verbs "$build/tests/backends/test_wireup_verbs"
 step peer_failure_verbs env AMI_TEST_BACKEND=verbs "$build/tests/protocol/test_peer_failure"
-if [[ -z $sanitized ]]; then
+if [[ -n $sanitized ]]; then
+  # (The collectives and the launcher run sanitized on the host, over shm
+  # and libfabric and under mpirun and srun; on verbs they drive the device
+  # code that the steps above ran sanitized, wire-up on demand included.)
+  echo "=== (sanitized build: the collectives and mpirun on verbs, libfabric on verbs;ofi_rxm and the"
+  echo "===  tools' runs on rxe0 are the unsanitized suite's)"
+else
   step collectives_verbs env AMI_TEST_BACKEND=verbs "$build/tests/collectives/test_collectives"
   # A job started by mpirun (PMIx) over verbs alone: addresses fetched on
   # first use, queue pairs made with tasks learnt on demand, by the
@@ -107,24 +113,11 @@ if [[ -z $sanitized ]]; then
   step mpirun_verbs env AMI_BACKENDS=self,verbs "$here/../mpi/mpirun.sh" 3 "$build/tests/mpi/test_mpirun"
   step mpirun_verbs_cm env AMI_BACKENDS=self,verbs AMI_VERBS_CM=on "$here/../mpi/mpirun.sh" 3 \
     "$build/tests/mpi/test_mpirun"
-else
-  # (The collectives and the launcher run sanitized on the host, over shm
-  # and libfabric and under mpirun and srun; on verbs they drive the device
-  # code that the steps above ran sanitized, wire-up on demand included.)
-  echo "=== (sanitized build: the collectives and mpirun on verbs are the unsanitized suite's)"
-fi
-# The libfabric backend on verbs;ofi_rxm over rxe0 (the conformance suite's
-# ofi pairs ran in backends_verbs).
-if [[ -z $sanitized ]]; then
+  # The libfabric backend on verbs;ofi_rxm over rxe0 (the conformance
+  # suite's ofi pairs ran in backends_verbs).
   step peer_failure_ofi_verbs env 'AMI_TEST_BACKEND=ofi:verbs;ofi_rxm' "$build/tests/protocol/test_peer_failure"
   step collectives_ofi_verbs env 'AMI_TEST_BACKEND=ofi:verbs;ofi_rxm' "$build/tests/collectives/test_collectives"
-else
-  echo "=== (sanitized build: libfabric on verbs;ofi_rxm is the unsanitized suite's)"
-fi
 
-if [[ -n $sanitized ]]; then
-  echo "=== (sanitized build: the tools' runs on rxe0 are the unsanitized suite's)"
-else
   gid=${RXE_GID_INDEX:?RXE_GID_INDEX not set}
   json=$(mktemp)
   tool_step ami_send_lat 2 -- -n 300 -R
