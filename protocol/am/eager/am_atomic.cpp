@@ -28,6 +28,7 @@ namespace ami::protocol {
 
 namespace {
 constexpr std::size_t kOutOfSequence = 7;  // ContextStats::malformed_by_reason (am_receive.cpp)
+constexpr Status kOutOfRange{StatusCode::invalid_argument, "atomic: endpoint is out of range"};
 
 // The descriptor of p, written where it stays (a FIFO slot or a request):
 // the key is copied once.
@@ -44,7 +45,7 @@ void describe(device::AtomicDescriptor& a, const AtomicParams& p) {
 
 Status AmEngine::atomic(const AtomicParams& p) {
   Peer* peer = peer_for(p.dest);
-  if (peer == nullptr) return {StatusCode::invalid_argument, "atomic: endpoint is out of range"};
+  if (peer == nullptr) return kOutOfRange;
   return post_atomic(*peer, p);
 }
 
@@ -83,7 +84,7 @@ Status AmEngine::post_atomic(Peer& peer, const AtomicParams& p) {
 // else as atomic() would, and its callback reports it.
 Status AmEngine::atomic_now(const AtomicParams& p) {
   Peer* peer = peer_for(p.dest);
-  if (peer == nullptr) return {StatusCode::invalid_argument, "atomic: endpoint is out of range"};
+  if (peer == nullptr) return kOutOfRange;
   if (peer->failure.ok() && lane_for(*peer) != nullptr && peer->state->head == nullptr) {
     device::Lane& lane = *peer->lane;
     auto& fifo = lane.fifo();
