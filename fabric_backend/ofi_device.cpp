@@ -18,6 +18,7 @@ OfiLane::OfiLane(OfiDevice& device, Endpoint peer, fi_addr_t address, std::uint3
       device_(device),
       address_(address),
       on_verbs_(device.fabric_.facts().name.rfind("verbs", 0) == 0),
+      over_rxm_(device.fabric_.facts().name.find("ofi_rxm") != std::string::npos),
       ops_(std::make_unique<OpContext[]>(fifo_depth)),
       done_(std::make_unique<std::uint8_t[]>(fifo_depth)),
       staging_(std::make_unique<std::int32_t[]>(fifo_depth)),

@@ -65,6 +65,20 @@ TEST_CASE("stop policy: each input stops for its own reason; auto moves the rest
   CHECK(d.mode == wire::StopMode::stop_put);
   CHECK(d.put_end != in.total);  // shared with a GET, as without oversubscription
 
+  // A lane whose GET beats the eager packets in flight: auto drops them and
+  // GETs the whole rest (before the lane's GET-over-PUT preference); a mode
+  // asked for stays.
+  d = protocol::rndv::decide([&] { auto i = in; i.crossover = 4096; i.get_beats_eager = true; i.get_beats_put = true;
+                                      i.split_min = 16384; return i; }());
+  CHECK(d.stop);
+  CHECK(d.mode == wire::StopMode::discard_get);
+  CHECK(d.path == StopPath::discard_get);
+  CHECK(d.put_end == in.total);
+  d = protocol::rndv::decide([&] { auto i = in; i.crossover = 4096; i.get_beats_eager = true; i.configured = Mode::split_get; return i; }());
+  CHECK(d.mode == wire::StopMode::split_get);
+  d = protocol::rndv::decide([&] { auto i = in; i.crossover = 1u << 30; i.get_beats_eager = true; return i; }());
+  CHECK_FALSE(d.stop);  // the preference picks a mode; it stops nothing by itself
+
   d = protocol::rndv::decide([&] { auto i = in; i.has_buffer = false; i.configured = Mode::stop_put; return i; }());
   CHECK(d.reason == StopReason::no_buffer);
   CHECK(d.mode == wire::StopMode::discard_get);  // on the wire: drop what still comes, whatever the mode

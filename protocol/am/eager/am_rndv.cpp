@@ -26,7 +26,8 @@ void AmEngine::consider_stop(Peer& peer) {
                         .configured = shape_.options.rndv_mode,
                         .split_min = rndv::kSplitMin,
                         .get_beats_put = peer.lane->get_beats_put(),
-                        .oversubscribed = peer.lane->oversubscribed()};
+                        .oversubscribed = peer.lane->oversubscribed(),
+                        .get_beats_eager = peer.lane->get_beats_eager()};
   ++stats_.rndv_decisions;
   stats_.reception_load_max = std::max(stats_.reception_load_max, in.reception_load);
   const rndv::Decision d = rndv::decide(in);

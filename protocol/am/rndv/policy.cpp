@@ -38,9 +38,9 @@ Decision decide(const Inputs& in) {
     case Mode::split_get: d.mode = wire::StopMode::split_get; break;
     case Mode::stop_put: d.mode = wire::StopMode::stop_put; break;
     case Mode::automatic:
-      d.mode = in.oversubscribed  ? wire::StopMode::discard_get
-               : in.get_beats_put ? wire::StopMode::split_get
-                                  : wire::StopMode::stop_put;
+      d.mode = in.oversubscribed || in.get_beats_eager ? wire::StopMode::discard_get
+               : in.get_beats_put                      ? wire::StopMode::split_get
+                                                       : wire::StopMode::stop_put;
       break;
   }
   d.path = static_cast<StopPath>(static_cast<unsigned>(d.mode) - 1);  // the three wire modes come first

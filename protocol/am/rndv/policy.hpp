@@ -33,7 +33,10 @@
 // discard_get: the receiver GETs the whole rest by itself, while a PUT (or
 // the cts of a split_get) would wait for the scheduler to run the sender.
 // (4 and 8 tasks on 2 cores, bench/coll_vs_mpi.sh: the 1 MiB allreduce took
-// 0.85x and 0.86x the time it took with stop_put.)
+// 0.85x and 0.86x the time it took with stop_put.) Where a GET also beats
+// the eager packets still in flight (Lane::get_beats_eager: rxm over tcp,
+// whose eager packets are copied through bounce buffers at both ends) auto
+// is discard_get too: none of them is worth keeping.
 // A stop_put whose rest is at least split_min bytes is shared between the
 // two ends: the sender PUTs the lower half of the rest ([what it had sent,
 // put_end)) while the receiver GETs the upper half ([put_end, total)) from
@@ -75,6 +78,7 @@ struct Inputs {
   std::uint64_t split_min = 0;     // stop_put: the smallest rest shared with a GET (0: never)
   bool get_beats_put = false;      // the lane's (Lane::get_beats_put): automatic is then split_get
   bool oversubscribed = false;     // the lane's (Lane::oversubscribed): automatic is then discard_get
+  bool get_beats_eager = false;    // the lane's (Lane::get_beats_eager): automatic is then discard_get
 };
 
 struct Decision {

@@ -72,6 +72,11 @@ class Lane {
   // data is in. The receiver's stop policy then prefers a GET (AMI_RNDV_MODE
   // auto).
   virtual bool get_beats_put() const { return false; }
+  // A GET brings a stopped message's rest for less than the eager packets
+  // still on their way: each of those is copied through bounce buffers at
+  // both ends, a GET is one copy (rxm over tcp). The receiver's stop policy
+  // then drops the late packets and GETs the whole rest (AMI_RNDV_MODE auto).
+  virtual bool get_beats_eager() const { return false; }
   // The peer competes with others for this host's CPUs (more tasks here
   // than CPUs online): work that needs the peer's CPU, as its PUT of a
   // stopped message's rest, waits until the scheduler runs it. The
