@@ -101,9 +101,9 @@ class OfiBackend final : public device::Backend {
 // asking for FI_MR_LOCAL needs them too, and alone is left out).
 std::vector<device::MemoryDemand> memory(const Config& c, std::uint16_t contexts) {
   using device::MemoryDemand;
-  const std::uint64_t n = c.number(Param("AMI_OFI_RECV_BUFFERS")), b = c.number(Param("AMI_OFI_RECV_BUFFER_SIZE"));
-  const std::uint64_t rescue =
-      std::uint64_t{OfiFabric::packet_bytes_bound(OfiOptions::from(c))} + kHeadroom + kHeaderBytes;
+  const OfiOptions options = OfiOptions::from(c);
+  const std::uint64_t n = options.recv_buffers, b = OfiFabric::recv_buffer_bytes_bound(options);
+  const std::uint64_t rescue = std::uint64_t{OfiFabric::packet_bytes_bound(options)} + kHeadroom + kHeaderBytes;
   std::vector<MemoryDemand> out{
       {"ofi receive buffers: AMI_OFI_RECV_BUFFERS x AMI_OFI_RECV_BUFFER_SIZE x contexts",
        std::to_string(n) + " x " + std::to_string(b) + " x " + std::to_string(contexts),

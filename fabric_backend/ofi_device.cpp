@@ -62,7 +62,7 @@ OfiDevice::OfiDevice(OfiFabric& fabric, std::uint16_t context, std::uint32_t fif
       max_packet_(fabric.max_packet()),
       bundle_max_(fabric.options().bundle),
       bundle_bytes_(inject_ >= 4096 ? std::min<std::size_t>(inject_, max_packet_) : max_packet_),
-      recv_bytes_(fabric.options().recv_buffer_bytes),
+      recv_bytes_(fabric.recv_buffer_bytes()),
       lanes_(fabric.tasks()),
       inbound_(fabric.tasks()) {
   if (fifo_depth < 2 || (fifo_depth & (fifo_depth - 1)) != 0)

@@ -64,7 +64,7 @@ struct OfiOptions {
   std::string provider;  // "" chooses
   std::optional<std::uint32_t> packet_bytes;  // nullopt: as the provider suits
   std::uint32_t recv_buffers = 4;
-  std::uint64_t recv_buffer_bytes = 1 << 20;
+  std::optional<std::uint64_t> recv_buffer_bytes;  // nullopt: as the provider suits
   std::optional<bool> mr_local;  // nullopt: as the provider asks
   bool ordered = true;           // false: every lane unordered, whatever the provider says
   std::uint32_t staging = 256;
@@ -142,9 +142,15 @@ class OfiFabric {
   // The largest packet a lane sends: AMI_OFI_PACKET_SIZE and room for the
   // protocol's headers (kHeadroom); a sequence header may come on top.
   std::uint32_t max_packet() const { return packet_bytes_ + kHeadroom; }
+  // Bytes per multi-receive buffer: AMI_OFI_RECV_BUFFER_SIZE, or as the
+  // provider suits (default_recv_buffer_bytes()).
+  std::uint64_t recv_buffer_bytes() const { return recv_buffer_bytes_; }
   // AMI_OFI_PACKET_SIZE before a provider is chosen: the size set, or the
   // largest auto gives on any provider (a bound for the memory demand).
   static std::uint32_t packet_bytes_bound(const OfiOptions& options);
+  // AMI_OFI_RECV_BUFFER_SIZE before a provider is chosen: the size set, or
+  // the largest auto gives on any provider.
+  static std::uint64_t recv_buffer_bytes_bound(const OfiOptions& options);
 
   // This task's entry in its address blob: the provider's name and one
   // endpoint name per context.
@@ -186,6 +192,7 @@ class OfiFabric {
   InfoOwner info_;
   ProviderFacts facts_;
   std::uint32_t packet_bytes_ = 0;
+  std::uint64_t recv_buffer_bytes_ = 0;
   // Creation order: endpoints and registrations close before the domain,
   // the domain before the fabric.
   FiOwner<fid_fabric> fabric_;
