@@ -17,7 +17,7 @@ inline constexpr ParamSpec kParams[] = {
      "Bytes of message a packet over libfabric carries (a power of two from 1 KiB to 1 MiB; at most "
      "the provider's largest message), with 64 bytes more for the protocol's headers: larger "
      "messages go in several, or by the rendezvous. auto: "
-     "64 KiB on shm (one copy by CMA carries a packet of any size); over rxm as much as its eager protocol carries, headers included (FI_OFI_RXM_BUFFER_SIZE, 16 KiB by default: one byte more and each packet goes by rxm's own rendezvous); 8 KiB elsewhere.", true},
+     "64 KiB on shm (one copy by CMA carries a packet of any size); over rxm 16 KiB, and ami sets rxm's eager size (FI_OFI_RXM_BUFFER_SIZE, unless set) to hold them with their headers (one byte more and each packet goes by rxm's own rendezvous; a size set is taken as it is, and packets then fill it); 8 KiB elsewhere.", true},
     {"AMI_OFI_RECV_BUFFERS", "4", ParamType::unsigned_int, 2, 1024,
      "Multi-receive buffers each context keeps posted (FI_MULTI_RECV); one is re-posted as soon as the "
      "provider has filled it and its packets are handled."},

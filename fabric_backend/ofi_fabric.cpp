@@ -82,8 +82,21 @@ InfoOwner make_hints(const std::string& provider) {
   return h;
 }
 
+// rxm's eager size, FI_OFI_RXM_BUFFER_SIZE, unless the user set it: 16 KiB
+// of message and ami's headers (kHeadroom, kHeaderBytes), where rxm's
+// default, 16 KiB in all, left packets 16316 bytes of message. A 64 KiB
+// message is then 4 packets instead of 5 (ping-pongs over tcp;ofi_rxm
+// took 0.90x as long). rxm reads it when libfabric first looks its
+// providers up in the process, so it is set before every lookup; a process
+// whose libfabric another library started first keeps rxm's 16 KiB, and
+// ami's packets, 72 bytes over, go by rxm's rendezvous: slower, not wrong.
+void set_rxm_eager() {
+  setenv("FI_OFI_RXM_BUFFER_SIZE", std::to_string(kRxmPacketBytes + kHeadroom + kHeaderBytes).c_str(), 0);
+}
+
 // Every provider entry that meets ami's needs (the named provider's only).
 InfoOwner query(const std::string& provider, int* rc_out = nullptr) {
+  set_rxm_eager();
   InfoOwner hints = make_hints(provider);
   fi_info* list = nullptr;
   const int rc = fi_getinfo(kApiVersion, nullptr, nullptr, 0, hints.get(), &list);
@@ -169,15 +182,16 @@ bool ordered(const fi_info* i) {
 
 // AMI_OFI_PACKET_SIZE=auto. shm: 64 KiB (one CMA copy carries a packet of
 // any size; 64 KiB streams moved 1.9x as much as with 32 KiB packets). rxm: as
-// much as its eager protocol carries, FI_OFI_RXM_BUFFER_SIZE (16 KiB by
-// default), headers included: one byte more and rxm moves each packet by
-// its own rendezvous (a 16 KiB message over tcp;ofi_rxm took 7 us as one
-// packet within it, 22 us as three packets of 8 KiB, and 64 KiB packets
-// just above it 3x as long again). Elsewhere 8 KiB.
+// much as its eager protocol carries, FI_OFI_RXM_BUFFER_SIZE (16 KiB and
+// ami's headers as set_rxm_eager() sets it), headers included: one byte
+// more and rxm moves each packet by its own rendezvous (a 16 KiB message
+// over tcp;ofi_rxm took 7 us as one packet within it, 22 us as three
+// packets of 8 KiB, and 64 KiB packets just above it 3x as long again).
+// Elsewhere 8 KiB.
 std::uint32_t default_packet_bytes(const std::string& provider) {
   if (provider == "shm") return 65536;
   if (provider.find("ofi_rxm") == std::string::npos) return 8192;
-  std::uint64_t eager = 16384;
+  std::uint64_t eager = 16384;  // (rxm's own default)
   if (const char* v = std::getenv("FI_OFI_RXM_BUFFER_SIZE")) {
     char* end = nullptr;
     const unsigned long long n = std::strtoull(v, &end, 10);

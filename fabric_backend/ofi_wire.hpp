@@ -58,6 +58,9 @@ inline constexpr std::size_t kBundleEntryBytes = sizeof(std::uint32_t);
 // protocol's headers, so that a message of the packet size (64 KiB on shm,
 // one CMA copy) is still one packet.
 inline constexpr std::size_t kHeadroom = 64;
+// The message bytes of a packet over rxm, whose eager size ami sets to hold
+// them and the headers (ofi_fabric.cpp, set_rxm_eager()).
+inline constexpr std::size_t kRxmPacketBytes = 16384;
 
 // The task's entry in the address blob.
 struct AddressEntry {

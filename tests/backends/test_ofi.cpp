@@ -17,6 +17,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -94,9 +95,13 @@ TEST_CASE("the provider in use, its limits and registration modes are described"
   CHECK(has(d, "fence by message"));  // rxm keeps the order ami's fence message needs
   CHECK(fabric.facts().ordered);
   // A packet, its sequence header included, fills rxm's eager size
-  // (FI_OFI_RXM_BUFFER_SIZE, 16 KiB unless set), no more.
-  if (std::getenv("FI_OFI_RXM_BUFFER_SIZE") == nullptr)
-    CHECK(fabric.max_packet() + ami::ofi::kHeaderBytes == 16384);
+  // (FI_OFI_RXM_BUFFER_SIZE, which ami sets, unless the user did, to 16 KiB
+  // of message and the headers), no more.
+  const char* eager = std::getenv("FI_OFI_RXM_BUFFER_SIZE");
+  REQUIRE(eager != nullptr);
+  CHECK(fabric.max_packet() + ami::ofi::kHeaderBytes == std::strtoull(eager, nullptr, 10));
+  if (std::string_view(eager) == std::to_string(16384 + ami::ofi::kHeadroom + ami::ofi::kHeaderBytes))
+    CHECK(fabric.max_packet() - ami::ofi::kHeadroom == ami::ofi::kRxmPacketBytes);  // a power of two of message
   CHECK(has(d, "receives reordered by sequence"));  // rxm completes a large message late
   // The address entry: the provider, then one endpoint name per context.
   CHECK(ami::ofi::OfiFabric::provider_of(fabric.local_address()) == "tcp;ofi_rxm");
