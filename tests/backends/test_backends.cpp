@@ -570,6 +570,10 @@ TEST_CASE("two threads, two contexts, streaming both ways") {
   } got[2];
   REQUIRE(client.context(0).set_dispatch(0, {&Count::h, &got[0]}).ok());
   REQUIRE(client.context(1).set_dispatch(0, {&Count::h, &got[1]}).ok());
+  // A context's sends are carried out by its own advance (the self device
+  // copies when its target's queue has room), so a thread that has all it
+  // was sent keeps advancing until the other thread has all of its.
+  std::atomic<int> finished{0};
   auto run = [&](std::uint16_t me) {
     Context& c = client.context(me);
     const std::uint16_t peer = me ^ 1;
@@ -584,6 +588,8 @@ TEST_CASE("two threads, two contexts, streaming both ways") {
       }
       (void)c.advance();
     }
+    finished.fetch_add(1);
+    while (finished.load() < 2) (void)c.advance();
   };
   std::thread t0(run, 0), t1(run, 1);
   t0.join();
