@@ -233,21 +233,28 @@ bw_iters() {
     'BEGIN { m = int(b / s); if (m > r) m = r; if (m < 200) m = 200; print m }'
 }
 
-# One round: for each size, each provider, the three runs back to back.
+# One round: for each size, each provider, the three runs back to back,
+# the two ping-pongs in the round's order: ami first in odd rounds,
+# fi_pingpong first in even ones, so that neither always follows the
+# bandwidth stream of the size before (what a run follows moves it here).
 one_round() {
   local size prov li bi
   for size in $ALL_SIZES; do
     li=$(lat_iters "$size") bi=$(bw_iters "$size")
     for prov in $PROVIDERS; do
+      ((round % 2 == 0)) && fi_pingpong_run "$prov" "$size" "$li"
       ami ami_send_lat "$prov" "$size" "$li"
       add "lat_ami/$prov/$size" "$(lat_of <<<"$ROW")"
       add "typ_ami/$prov/$size" "$(typ_of <<<"$ROW")"
-      fabric "$prov" "$size" "$li"
-      add "lat_fi/$prov/$size" "$(fi_lat "$size" <<<"$ROW")"
+      ((round % 2 == 1)) && fi_pingpong_run "$prov" "$size" "$li"
       ami ami_send_bw "$prov" "$size" "$bi"
       add "bw_ami/$prov/$size" "$(bw_of "$size" <<<"$ROW")"
     done
   done
+}
+fi_pingpong_run() {  # fi_pingpong_run PROVIDER SIZE ITERATIONS
+  fabric "$1" "$2" "$3"
+  add "lat_fi/$1/$2" "$(fi_lat "$2" <<<"$ROW")"
 }
 
 # pp_bw SIZE LATENCY: the ping-pong bandwidth [MiB/s] of that latency [usec].
@@ -349,6 +356,19 @@ report() {
     echo
     missing
   fi
+  echo
+  rounds
+}
+
+# Every figure's runs in round order: where a median fell between modes
+# (this machine's runs fall into one of two, whole runs at a time), the
+# figures show it.
+rounds() {
+  local key
+  echo "# the rounds, in order (latency: usec; bw: MiB/s), fi_pingpong first in even rounds"
+  for key in $(printf '%s\n' "${!samples[@]}" | sort -t/ -k2,2 -k3,3n -k1,1); do
+    printf '%-28s %s\n' "$key" "$(printf '%s' "${samples[$key]}" | tr '\n' ' ')"
+  done
 }
 
 host_main() {
