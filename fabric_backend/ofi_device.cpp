@@ -17,8 +17,6 @@ OfiLane::OfiLane(OfiDevice& device, Endpoint peer, fi_addr_t address, std::uint3
     : Lane(peer, fifo_depth),
       device_(device),
       address_(address),
-      on_verbs_(device.fabric_.facts().name.rfind("verbs", 0) == 0),
-      over_rxm_(device.fabric_.facts().name.find("ofi_rxm") != std::string::npos),
       ops_(std::make_unique<OpContext[]>(fifo_depth)),
       done_(std::make_unique<std::uint8_t[]>(fifo_depth)),
       staging_(std::make_unique<std::int32_t[]>(fifo_depth)),
@@ -35,8 +33,13 @@ std::uint64_t OfiLane::max_rdma() const {
   return std::min<std::uint64_t>(device_.fabric_.facts().max_msg, std::uint64_t{1} << 30);
 }
 
+bool OfiLane::get_beats_eager() const {
+  const ProviderFacts& f = device_.fabric_.facts();
+  return f.over_rxm && !f.on_verbs;
+}
+
 std::uint64_t OfiLane::rdma_crossover() const {
-  return on_verbs_ ? 2 * max_packet() : device::Lane::rdma_crossover();
+  return device_.fabric_.facts().on_verbs ? 2 * max_packet() : device::Lane::rdma_crossover();
 }
 
 void OfiLane::ring() { device_.ring(*this); }

@@ -90,7 +90,7 @@ class OfiLane final : public device::Lane {
   // of 1 MiB 3299 against 2321 MiB/s, of 256 KiB 1518 against 1295. (split_get,
   // which keeps them, streamed 2228.) Not on shm, where the same comparison
   // gave no steady answer, nor on verbs, whose GET is the NIC's.
-  bool get_beats_eager() const override { return over_rxm_ && !on_verbs_; }
+  bool get_beats_eager() const override;
   // Over verbs (rxm)
   // each packet is a send of its own, and one GET, the NIC's RDMA READ,
   // moves the rest of anything longer than two: 64 KiB streams over
@@ -113,8 +113,6 @@ class OfiLane final : public device::Lane {
 
   OfiDevice& device_;
   fi_addr_t address_;
-  bool on_verbs_;  // its core provider is verbs: a GET is the NIC's RDMA READ
-  bool over_rxm_;  // reached through rxm (eager packets go through its bounce buffers)
   std::unique_ptr<OpContext[]> ops_;              // per slot
   std::unique_ptr<std::uint8_t[]> done_;          // per slot: its operation completed
   std::unique_ptr<std::int32_t[]> staging_;       // per slot: the staging packet it holds, or -1

@@ -209,8 +209,8 @@ std::uint32_t default_packet_bytes(const std::string& provider) {
 // KiB streams even). Elsewhere 1 MiB (8 packets where that is more), as
 // before: smaller buffers were not measured there.
 std::uint64_t default_recv_buffer_bytes(const std::string& provider, std::uint32_t packet_bytes) {
-  if (provider == "shm") return std::max<std::uint64_t>(std::bit_ceil(std::uint64_t{8} * packet_bytes), 65536);
-  return std::max<std::uint64_t>(std::uint64_t{1} << 20, std::bit_ceil(std::uint64_t{8} * packet_bytes));
+  const std::uint64_t floor = provider == "shm" ? 65536 : std::uint64_t{1} << 20;
+  return std::max(floor, std::bit_ceil(std::uint64_t{8} * packet_bytes));
 }
 
 // The largest default_packet_bytes() gives, whatever the provider.
@@ -300,6 +300,8 @@ OfiFabric::OfiFabric(std::uint32_t task, std::uint32_t tasks, std::uint16_t cont
   // header, and a 4096-byte message over shm is one injected send (a header
   // would make it 4100 bytes, past the inject size: a CMA copy).
   facts_.receives_in_order = options.ordered && (info_->rx_attr->comp_order & FI_ORDER_STRICT) != 0;
+  facts_.on_verbs = facts_.name.rfind("verbs", 0) == 0;
+  facts_.over_rxm = facts_.name.find("ofi_rxm") != std::string::npos;
   if (facts_.max_msg < 1024) throw Error("ofi: " + facts_.name + " carries messages of at most " +
                                          std::to_string(facts_.max_msg) + " bytes");
   const std::uint32_t wanted = options.packet_bytes.value_or(default_packet_bytes(facts_.name));

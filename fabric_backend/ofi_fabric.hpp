@@ -94,6 +94,8 @@ struct ProviderFacts {
   // (rx comp_order FI_ORDER_STRICT, and AMI_OFI_ORDERED not off): packets
   // need no sequence header (ofi_wire.hpp).
   bool receives_in_order = false;
+  bool on_verbs = false;  // the core provider is verbs: a GET is the NIC's RDMA READ
+  bool over_rxm = false;  // reached through rxm (eager packets go through its bounce buffers)
 };
 
 // One context's endpoint and the objects bound to it. Members in creation
