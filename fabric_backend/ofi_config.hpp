@@ -50,8 +50,13 @@ inline constexpr ParamSpec kParams[] = {
      "verbs;ofi_rxm; not shm), on to refuse a provider without one, off for none (arm() says "
      "not_supported). Asked for up front, as UCX's UCP_FEATURE_WAKEUP is: on tcp;ofi_rxm the "
      "descriptor costs busy-polling contexts about an eighth of their small-message latency.", true},
-    {"AMI_OFI_CQ_SIZE", "16384", ParamType::unsigned_int, 64, 1u << 22,
-     "Entries of each context's completion queue."},
+    {"AMI_OFI_CQ_SIZE", "auto", ParamType::unsigned_int, 64, 1u << 22,
+     "Entries of each context's completion queue. auto: the provider's own default (1024 for those "
+     "built on libfabric's common completion queue: shm, rxm, tcp, udp;ofi_rxd; these keep what does "
+     "not fit in an overflow list, losing nothing). Every completion is written to the ring's next "
+     "entry, so a larger ring spreads them over more memory: with 16384 entries (48 bytes each) a "
+     "ping-pong of 8 B over shm took a page fault every 85 messages for its first 16384, and its "
+     "20000 round trips 1.16x as long (median of 5 interleaved runs).", true},
 };
 static_assert(rows_are_sound(kParams), "ofi_config.hpp: a row has a bad name, range or default");
 

@@ -41,7 +41,7 @@ OfiOptions OfiOptions::from(const Config& c) {
   if (auto ordered = c.number_or_auto(Param("AMI_OFI_ORDERED"))) o.ordered = *ordered != 0;
   o.staging = static_cast<std::uint32_t>(c.number(Param("AMI_OFI_STAGING")));
   o.bundle = static_cast<std::uint32_t>(c.number(Param("AMI_OFI_BUNDLE")));
-  o.cq_size = static_cast<std::uint32_t>(c.number(Param("AMI_OFI_CQ_SIZE")));
+  if (auto n = c.number_or_auto(Param("AMI_OFI_CQ_SIZE"))) o.cq_size = static_cast<std::uint32_t>(*n);
   o.timeout_ms = static_cast<std::uint32_t>(c.number(Param("AMI_OFI_TIMEOUT")));
   const auto wait = c.number_or_auto(Param("AMI_OFI_WAIT"));  // (nullopt: auto)
   o.wait = wait ? std::optional<bool>(*wait != 0) : std::nullopt;
@@ -338,7 +338,7 @@ void OfiFabric::open_endpoint(std::uint16_t context) {
   require(fi_av_open(domain_.get(), &av_attr, &av, nullptr), "fi_av_open");
   e->av.reset(av);
   fi_cq_attr cq_attr{};
-  cq_attr.size = options_.cq_size;
+  cq_attr.size = options_.cq_size.value_or(0);  // 0: the provider's default
   cq_attr.format = FI_CQ_FORMAT_DATA;
   fid_cq* cq = nullptr;
   // A CQ to sleep on (docs/DESIGN.md, "Event-driven progress"): with a

@@ -69,7 +69,7 @@ struct OfiOptions {
   bool ordered = true;           // false: every lane unordered, whatever the provider says
   std::uint32_t staging = 256;
   std::uint32_t bundle = 16;  // packets a bundle may hold; 1: none
-  std::uint32_t cq_size = 16384;
+  std::optional<std::uint32_t> cq_size;  // nullopt: the provider's default
   std::uint32_t timeout_ms = 30000;
   std::optional<bool> wait = false;  // a CQ to sleep on; nullopt: where the provider has one (AMI_OFI_WAIT)
 
