@@ -210,13 +210,19 @@ ami() {
 }
 
 # fabric PROVIDER SIZE ITERS: sets ROW to fi_pingpong's result row (the one
-# after its header).
+# after its header). A run that fails is run once more (on the next port):
+# now and then fi_pingpong's shm endpoint cannot be enabled (fi_enable:
+# EBUSY) and both sides stop before measuring anything.
 fabric() {
-  local prov=$1 size=$2 iters=$3 key="fi_pingpong -p $1"
+  local prov=$1 size=$2 iters=$3 key="fi_pingpong -p $1" attempt
   ROW=""
   gone "$key" "$size" && return 0
-  run_pair fi_pingpong -p "$prov" -e rdm -S "$size" -I "$iters" -B "$PORT" -- \
-           fi_pingpong -p "$prov" -e rdm -S "$size" -I "$iters" -P "$PORT" 127.0.0.1
+  for attempt in 1 2; do
+    run_pair fi_pingpong -p "$prov" -e rdm -S "$size" -I "$iters" -B "$PORT" -- \
+             fi_pingpong -p "$prov" -e rdm -S "$size" -I "$iters" -P "$PORT" 127.0.0.1
+    ((RC == 0 || RC == 124 || attempt == 2)) && break
+    echo "$key, $size B: failed ($RC); once more" >&2
+  done
   checked "$key" "$size" || return 0
   ROW=$(awk 'row { print; exit } $1 == "bytes" { row = 1 }' <<<"$OUT")
 }
@@ -252,6 +258,7 @@ one_round() {
     done
   done
 }
+
 fi_pingpong_run() {  # fi_pingpong_run PROVIDER SIZE ITERATIONS
   fabric "$1" "$2" "$3"
   add "lat_fi/$1/$2" "$(fi_lat "$2" <<<"$ROW")"

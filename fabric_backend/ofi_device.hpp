@@ -91,13 +91,12 @@ class OfiLane final : public device::Lane {
   // which keeps them, streamed 2228.) Not on shm, where the same comparison
   // gave no steady answer, nor on verbs, whose GET is the NIC's.
   bool get_beats_eager() const override;
-  // Over verbs (rxm)
-  // each packet is a send of its own, and one GET, the NIC's RDMA READ,
-  // moves the rest of anything longer than two: 64 KiB streams over
-  // verbs;ofi_rxm on rxe moved 2.5x as much stopped (as 8 KiB packets they
-  // moved 0.6x what ami's verbs backend does). Elsewhere the default: over
-  // tcp a GET is the peer's copy too, and 32-64 KiB ping-pongs took 8-15%
-  // longer stopped at two packets.
+  // Over verbs (rxm) each packet is a send of its own, and one GET, the
+  // NIC's RDMA READ, moves the rest of anything longer than two: 64 KiB
+  // streams over verbs;ofi_rxm on rxe moved 2.5x as much stopped (as 8 KiB
+  // packets they moved 0.6x what ami's verbs backend does). Elsewhere the
+  // default: over tcp a GET is the peer's copy too, and 32-64 KiB
+  // ping-pongs took 8-15% longer stopped at two packets.
   std::uint64_t rdma_crossover() const override;
   std::uint64_t max_rdma() const override;
   // Posts every committed descriptor it can; never runs callbacks.
