@@ -221,6 +221,24 @@ TEST_CASE("shm: a segment a dead process left under this process's pid does not 
   }
 }
 
+namespace {
+// Messages whose payload starts with their index (a uint32_t), counted as
+// they arrive on one dispatch, with those that came out of order.
+struct InOrder {
+  std::uint32_t count = 0;
+  std::uint32_t out_of_order = 0;
+  ami::Status listen(ami::Context& c, std::uint16_t dispatch) {
+    return c.set_dispatch(dispatch, {+[](void* self, const ami::Incoming& in, ami::Receive*) {
+      auto* s = static_cast<InOrder*>(self);
+      std::uint32_t index = 0;
+      std::memcpy(&index, in.payload.data(), sizeof index);
+      if (index != s->count) ++s->out_of_order;
+      ++s->count;
+    }, this});
+  }
+};
+}  // namespace
+
 TEST_CASE("shm: a receiver that falls behind a sender injecting into two small buffers gets every message, in order") {
   // The receiver stops now and then while the sender, on its own thread,
   // fills shm's command queue: the receiver's next progress fills both
@@ -230,17 +248,8 @@ TEST_CASE("shm: a receiver that falls behind a sender injecting into two small b
                                         {"AMI_OFI_RECV_BUFFER_SIZE", "65536"}, {"AMI_OFI_RECV_BUFFERS", "2"}}),
                      "self,ofi", 1);
   constexpr std::uint32_t kMessages = 20000;
-  struct Seen {
-    std::uint32_t count = 0;
-    std::uint32_t out_of_order = 0;
-  } seen;
-  REQUIRE(pair.b().set_dispatch(7, {+[](void* c, const ami::Incoming& in, ami::Receive*) {
-    auto* s = static_cast<Seen*>(c);
-    std::uint32_t index = 0;
-    std::memcpy(&index, in.payload.data(), sizeof index);
-    if (index != s->count) ++s->out_of_order;
-    ++s->count;
-  }, &seen}).ok());
+  InOrder seen;
+  REQUIRE(seen.listen(pair.b(), 7).ok());
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   std::atomic<bool> stop{false};
   std::thread sender([&] {
@@ -280,18 +289,9 @@ TEST_CASE("a completion queue of the least entries overflows and loses nothing: 
                                           {"AMI_OFI_BUNDLE", "1"}}),
                        "self,ofi", 1);
     constexpr std::uint32_t kMessages = 5000;
-    struct Seen {
-      std::uint32_t count = 0;
-      std::uint32_t out_of_order = 0;
-    } seen;
+    InOrder seen;
+    REQUIRE(seen.listen(pair.b(), 7).ok());
     std::uint32_t done = 0;
-    REQUIRE(pair.b().set_dispatch(7, {+[](void* c, const ami::Incoming& in, ami::Receive*) {
-      auto* s = static_cast<Seen*>(c);
-      std::uint32_t index = 0;
-      std::memcpy(&index, in.payload.data(), sizeof index);
-      if (index != s->count) ++s->out_of_order;
-      ++s->count;
-    }, &seen}).ok());
     std::vector<std::array<std::byte, 64>> payloads(kMessages);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     std::uint32_t sent = 0;
