@@ -279,6 +279,30 @@ OfiDevice::Step OfiDevice::send_packet(OfiLane& lane, std::uint64_t n, const dev
 // What ring() and send_packet() would do with the packet's descriptor, from
 // the packet's parts: for an injected send on a lane with nothing unposted.
 // The FIFO slot is taken all the same, with an empty packet nothing reads.
+// An injected send with CQ data and no completion entry, of iov[0..count)
+// (total bytes, at most the inject size). fi_injectdata is fi_sendmsg with
+// FI_INJECT and without FI_COMPLETION (counted alike) by a shorter path:
+// shm's skips the transmit lock and the completion step, and 8-byte
+// ping-pongs of raw libfabric over shm took 0.86x as long by it. So a
+// packet of one buffer, or of small ones gathered here, goes by it.
+ssize_t OfiDevice::inject_data(const iovec* iov, std::size_t count, std::size_t total, fi_addr_t to,
+                               std::uint64_t data) {
+  static constexpr std::size_t kGatherBytes = 256;
+  if (count == 1) return fi_injectdata(ep_.ep.get(), iov[0].iov_base, iov[0].iov_len, data, to);
+  if (count > 1 && total <= kGatherBytes) {
+    std::byte gathered[kGatherBytes];
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      std::memcpy(gathered + at, iov[i].iov_base, iov[i].iov_len);
+      at += iov[i].iov_len;
+    }
+    return fi_injectdata(ep_.ep.get(), gathered, at, data, to);
+  }
+  void* desc[3] = {nullptr, nullptr, nullptr};
+  const fi_msg msg{.msg_iov = iov, .desc = desc, .iov_count = count, .addr = to, .context = nullptr, .data = data};
+  return fi_sendmsg(ep_.ep.get(), &msg, FI_REMOTE_CQ_DATA | FI_INJECT);
+}
+
 bool OfiDevice::send_compact(OfiLane& lane, std::uint32_t immediate, std::span<const std::byte> head,
                              std::span<const std::byte> payload) {
   auto& fifo = lane.fifo();
@@ -297,11 +321,8 @@ bool OfiDevice::send_compact(OfiLane& lane, std::uint32_t immediate, std::span<c
   if (head_bytes != 0) iov[count++] = {&h, head_bytes};
   if (!head.empty()) iov[count++] = {const_cast<std::byte*>(head.data()), head.size()};
   if (!payload.empty()) iov[count++] = {const_cast<std::byte*>(payload.data()), payload.size()};
-  void* desc[3] = {nullptr, nullptr, nullptr};
   const std::uint64_t data = origin_ | (sequenced_ ? kSequenced : 0) | kCompact | std::uint64_t{immediate} << 32;
-  const fi_msg msg{.msg_iov = iov, .desc = desc, .iov_count = count, .addr = lane.address_, .context = nullptr,
-                   .data = data};
-  if (fi_sendmsg(ep_.ep.get(), &msg, FI_REMOTE_CQ_DATA | FI_INJECT) != 0) return false;  // (the descriptor's way)
+  if (inject_data(iov, count, total, lane.address_, data) != 0) return false;  // (the descriptor's way)
   d->kind = device::DescriptorKind::packet;
   d->packet.inline_len = 0;
   d->packet.payload = nullptr;

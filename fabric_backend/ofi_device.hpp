@@ -209,6 +209,7 @@ class OfiDevice final : public device::Device {
   void complete(OpContext& op);
   bool send_compact(OfiLane& lane, std::uint32_t immediate, std::span<const std::byte> head,
                     std::span<const std::byte> payload);
+  ssize_t inject_data(const iovec* iov, std::size_t count, std::size_t total, fi_addr_t to, std::uint64_t data);
   Step rdma(OfiLane& lane, std::uint64_t n, const device::RdmaDescriptor& x, bool put);
   void refuse(OfiLane& lane, std::uint64_t n, Status why);
   void fail_later(OfiLane& lane, std::uint64_t n, Status why);
