@@ -276,9 +276,6 @@ OfiDevice::Step OfiDevice::send_packet(OfiLane& lane, std::uint64_t n, const dev
   return Step::posted;
 }
 
-// What ring() and send_packet() would do with the packet's descriptor, from
-// the packet's parts: for an injected send on a lane with nothing unposted.
-// The FIFO slot is taken all the same, with an empty packet nothing reads.
 // An injected send with CQ data and no completion entry, of iov[0..count)
 // (total bytes, at most the inject size). fi_injectdata is fi_sendmsg with
 // FI_INJECT and without FI_COMPLETION (counted alike) by a shorter path:
@@ -303,6 +300,9 @@ ssize_t OfiDevice::inject_data(const iovec* iov, std::size_t count, std::size_t 
   return fi_sendmsg(ep_.ep.get(), &msg, FI_REMOTE_CQ_DATA | FI_INJECT);
 }
 
+// What ring() and send_packet() would do with the packet's descriptor, from
+// the packet's parts: for an injected send on a lane with nothing unposted.
+// The FIFO slot is taken all the same, with an empty packet nothing reads.
 bool OfiDevice::send_compact(OfiLane& lane, std::uint32_t immediate, std::span<const std::byte> head,
                              std::span<const std::byte> payload) {
   auto& fifo = lane.fifo();

@@ -280,9 +280,10 @@ TEST_CASE("shm: a receiver that falls behind a sender injecting into two small b
 TEST_CASE("a completion queue of the least entries overflows and loses nothing: every message and callback, in order") {
   // The receiver advances only when the sender can send no more: its
   // provider's command queue (shm) or socket (tcp) is full, and the
-  // receiver's next progress moves far more than the queue's 64 entries
-  // into it; every send asks for a completion too (local_done). What does
-  // not fit waits in the provider's overflow list.
+  // receiver's next progress can move more than the queue's 64 entries
+  // into it (shm's moves every queued command at once); every send asks
+  // for a completion too (local_done). What does not fit waits in the
+  // provider's overflow list.
   for (const char* provider : {"shm", "tcp;ofi_rxm"}) {
     CAPTURE(std::string(provider));
     test::JobPair pair(test::config_with({{"AMI_OFI_PROVIDER", provider}, {"AMI_OFI_CQ_SIZE", "64"},
