@@ -777,7 +777,6 @@ int late_root(Client& client) {
   const std::uint32_t children = coll::topology::Tree{w.size(), 0}.child_count(0);
   std::uint64_t rounds = 0;
   for (std::size_t count : {std::size_t{7}, std::size_t{1} << 17}) {
-    const std::uint64_t deferred_before = s.early_deferred;
     for (int round = 0; round < 3; ++round) {
       ++rounds;
       if (w.rank() == 0 && !advance_until(c, [&] { return s.early_arrivals >= rounds * children; }))
@@ -794,7 +793,10 @@ int late_root(Client& client) {
       if (!run(c, w.broadcast(0, &go, sizeof go, b.callback()), b, "broadcast")) return 3;
       if (go != rounds) return report(w.rank(), "the broadcast between the reduces is wrong", 4);
     }
-    if (w.rank() == 0 && count > 7 && s.early_deferred < deferred_before + 3 * children)
+    // (Counted over the whole run: a small contribution is never deferred,
+    // and a child's first large one may arrive while the root is still
+    // finishing the broadcast that released it.)
+    if (w.rank() == 0 && count > 7 && s.early_deferred < 3 * children)
       return report(w.rank(), "large contributions were not deferred", 6);
   }
   if (!farewell(c, w)) return 7;
