@@ -67,8 +67,8 @@ in_cluster() {
   local results=$1 round where test size side
   # shellcheck disable=SC1091
   . "$results/settings"
-  # The link between the VMs is a qemu socket that drops frames when a
-  # burst finds the other guest busy, and rxe resends go-back-N without
+  # The link between the VMs (a qemu stream) drops frames when a burst
+  # finds the other guest busy, and rxe resends go-back-N without
   # congestion control: as tests/multinode/suite.sh, a longer RC ACK
   # timeout (2^17 x 4.096 us) and RDMA in pieces of 16 KiB, since rxe
   # counts retries per work request. srun passes the environment on.

@@ -45,7 +45,7 @@ shared=$(mktemp -d /tmp/ami-cluster.XXXXXX)
 # link (node-a's listens).
 node_b_qemu() {
   local pid up
-  for pid in $(pgrep -f 'socket,id=link,connect=127\.0\.0\.1:'); do
+  for pid in $(pgrep -f 'stream,id=link,server=off,'); do
     up=$pid
     while ((up > 1)); do
       ((up == $$)) && { echo "$pid"; return 0; }

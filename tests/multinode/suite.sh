@@ -15,7 +15,7 @@
 # usage: suite.sh BUILD_DIR
 set -uo pipefail
 build=${1:?usage: suite.sh BUILD_DIR}
-# The link between the VMs is a qemu socket that drops frames when a burst
+# The link between the VMs (a qemu stream) drops frames when a burst
 # finds the other guest busy, and rxe resends go-back-N without congestion
 # control: as for rxe_lossy (tests/rxe/meson.build), a longer RC ACK timeout
 # (2^17 x 4.096 us) and RDMA in pieces of 16 KiB, since rxe counts retries
