@@ -67,11 +67,11 @@ in_cluster() {
   local results=$1 round where test size side
   # shellcheck disable=SC1091
   . "$results/settings"
-  # The link between the VMs (a qemu stream) drops frames when a burst
-  # finds the other guest busy, and rxe resends go-back-N without
-  # congestion control: as tests/multinode/suite.sh, a longer RC ACK
-  # timeout (2^17 x 4.096 us) and RDMA in pieces of 16 KiB, since rxe
-  # counts retries per work request. srun passes the environment on.
+  # Frames between the VMs are lost when a burst finds the receiving
+  # guest busy, and rxe resends go-back-N without congestion control: as
+  # tests/multinode/suite.sh, a longer RC ACK timeout (2^17 x 4.096 us)
+  # and RDMA in pieces of 16 KiB, since rxe counts retries per work
+  # request. srun passes the environment on.
   export AMI_VERBS_TIMEOUT=17 AMI_VERBS_MAX_RDMA=16384
   # The client may be up before srun has started the server on the other node.
   export AMI_BOOTSTRAP_TIMEOUT=60000

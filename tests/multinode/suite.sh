@@ -15,11 +15,11 @@
 # usage: suite.sh BUILD_DIR
 set -uo pipefail
 build=${1:?usage: suite.sh BUILD_DIR}
-# The link between the VMs (a qemu stream) drops frames when a burst
-# finds the other guest busy, and rxe resends go-back-N without congestion
-# control: as for rxe_lossy (tests/rxe/meson.build), a longer RC ACK timeout
-# (2^17 x 4.096 us) and RDMA in pieces of 16 KiB, since rxe counts retries
-# per work request. srun passes the environment on to every task.
+# Frames between the VMs are lost when a burst finds the receiving guest
+# busy, and rxe resends go-back-N without congestion control: as for
+# rxe_lossy (tests/rxe/meson.build), a longer RC ACK timeout (2^17 x 4.096
+# us) and RDMA in pieces of 16 KiB, since rxe counts retries per work
+# request. srun passes the environment on to every task.
 export AMI_VERBS_TIMEOUT=17 AMI_VERBS_MAX_RDMA=16384
 failed=()
 step() {  # step NAME COMMAND... (a command or a function of this script)
