@@ -255,13 +255,14 @@ void VerbsDevice::refuse(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, Stat
 // until doorbell_batch descriptors are ready and go in one chain; flush()
 // and progress() post what is left.
 [[gnu::always_inline]] inline void VerbsDevice::ring(VerbsLane& lane) {
-  tending_ = true;
   if (lane.rung_epoch_ == ring_epoch_ && lane.fifo().injected() - lane.posted_ < doorbell_batch_) {
     held_ = true;
+    tending_ = true;
     return;
   }
   lane.rung_epoch_ = ring_epoch_;
   if (lane.posted_ + 1 == lane.fifo().injected() && lane.ready_ && !lane.broken_) return post_one(lane);
+  tending_ = true;
   post(lane);
 }
 
@@ -270,13 +271,18 @@ void VerbsDevice::refuse(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, Stat
   ibv_send_wr& wr = lane.wr_[0];
   if (!prepare(lane, lane.posted_, wr, &lane.sge_[0])) {
     ++counters_.staging_stalls;  // tend_lanes() posts it once completions free the ring
+    tending_ = true;
     return;
   }
   post_lone(lane, wr);
 }
 
 // Posts wr (lane.wr_[0]) without the rest of its chain; a failure breaks
-// the lane, and fails wr's slot with the lane's other operations.
+// the lane, and fails wr's slot with the lane's other operations. A
+// signalled WR retires the lane up to itself by its own completion: only an
+// unsignalled one may need tend_lanes() (a probe), so a lone operation that
+// waits for its completion (a GET, an atomic, ping-pong traffic) leaves the
+// polls that find it without that pass over the lanes.
 [[gnu::always_inline]] inline void VerbsDevice::post_lone(VerbsLane& lane, ibv_send_wr& wr) {
   wr.next = nullptr;
   ibv_send_wr* bad = nullptr;
@@ -284,6 +290,7 @@ void VerbsDevice::refuse(VerbsLane& lane, std::uint64_t n, ibv_send_wr& wr, Stat
   wr.next = &lane.wr_[1];
   if (rc != 0) return post_failed(lane, "ibv_post_send", rc);
   ++lane.posted_;
+  if (!(wr.send_flags & IBV_SEND_SIGNALED)) tending_ = true;
 }
 
 void VerbsLane::ring() { device_.ring(*this); }
@@ -318,7 +325,6 @@ bool VerbsLane::send_compact(std::uint32_t immediate, std::span<const std::byte>
   d->packet.payload_keyed = false;
   d->packet.await_delivery = false;
   fifo.commit();
-  tending_ = true;
   lane.rung_epoch_ = ring_epoch_;
   ibv_send_wr& wr = lane.wr_[0];
   wr.wr_id = send_wr_id(lane.index_, n, 0);
@@ -446,8 +452,12 @@ void VerbsDevice::land_atomics(VerbsLane& lane, std::uint64_t counter) {
   for (std::uint64_t n = fifo.counter().snapshot(); n < counter && lane.atomics_in_flight_ != 0; ++n) {
     void*& to = lane.results_[n & (fifo_depth_ - 1)];
     if (to == nullptr) continue;
-    const device::Descriptor& d = fifo.at(n);
-    std::memcpy(to, &d.atomic.landing, width_of(d.atomic.type));
+    const device::AtomicDescriptor& a = fifo.at(n).atomic;
+    // (Fixed widths: a copy of a variable one is a call to memcpy.)
+    if (width_of(a.type) == 8)
+      std::memcpy(to, &a.landing, 8);
+    else
+      std::memcpy(to, &a.landing, 4);
     to = nullptr;
     --lane.atomics_in_flight_;
   }

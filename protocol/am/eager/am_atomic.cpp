@@ -81,11 +81,14 @@ Status AmEngine::post_atomic(Peer& peer, const AtomicParams& p) {
 
 // In the call, where the lane's device reaches the word itself and nothing
 // is outstanding to the peer (so it overtakes nothing of this context's);
-// else as atomic() would, and its callback reports it.
+// else as atomic() would, and its callback reports it. Only a CPU-domain
+// word can be done in the call (by this CPU, on a mapping): a NIC-domain
+// one goes to the NIC at once, without asking the lane first.
 Status AmEngine::atomic_now(const AtomicParams& p) {
   Peer* peer = peer_for(p.dest);
   if (peer == nullptr) return kOutOfRange;
-  if (peer->failure.ok() && lane_for(*peer) != nullptr && peer->state->head == nullptr) {
+  if (p.remote.atomics == AtomicDomain::cpu && peer->failure.ok() && lane_for(*peer) != nullptr &&
+      peer->state->head == nullptr) {
     device::Lane& lane = *peer->lane;
     auto& fifo = lane.fifo();
     if (fifo.injected() == fifo.counter().snapshot() && fifo.pending_callbacks() == 0) {
