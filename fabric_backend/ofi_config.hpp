@@ -22,8 +22,8 @@ inline constexpr ParamSpec kParams[] = {
      "Multi-receive buffers each context keeps posted (FI_MULTI_RECV); one is re-posted as soon as the "
      "provider has filled it and its packets are handled."},
     {"AMI_OFI_RECV_BUFFER_SIZE", "auto", ParamType::power_of_two, 65536, 1u << 30,
-     "Bytes per multi-receive buffer (a power of two, 64 KiB to 1 GiB; at least 8 packets). auto: "
-     "8 packets on shm (512 KiB: the provider copies each packet into the next bytes of a buffer, "
+     "Bytes per multi-receive buffer (a power of two, 64 KiB to 1 GiB; at least 2 packets). auto: "
+     "2 packets on shm (128 KiB: the provider copies each packet into the next bytes of a buffer, "
      "and the fewer bytes the buffers span, the more of them the cache still holds when they come "
      "round again), 1 MiB elsewhere (8 packets where that is more).", true},
     {"AMI_OFI_MR_LOCAL", "auto", ParamType::boolean, 0, 1,

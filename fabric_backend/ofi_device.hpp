@@ -47,6 +47,7 @@
 #include <rdma/fi_rma.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <span>
 #include <vector>
@@ -253,9 +254,12 @@ class OfiDevice final : public device::Device {
   std::uint64_t ring_epoch_ = 1;  // bursts: + 1 at every progress() and flush()
   bool held_ = false;             // ring() held descriptors back since
 
-  // Receive buffers.
+  // Receive buffers, page-aligned (see the constructor).
+  struct FreeBytes {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
   std::uint64_t recv_bytes_;
-  std::unique_ptr<std::byte[]> recv_memory_;
+  std::unique_ptr<std::byte[], FreeBytes> recv_memory_;
   FiOwner<fid_mr> recv_mr_;
   void* recv_desc_ = nullptr;
   std::unique_ptr<OpContext[]> recv_ops_;

@@ -200,17 +200,23 @@ std::uint32_t default_packet_bytes(const std::string& provider) {
   return static_cast<std::uint32_t>(eager - kHeadroom - kHeaderBytes);
 }
 
-// AMI_OFI_RECV_BUFFER_SIZE=auto: on shm 8 packets (the least allowed). The
+// AMI_OFI_RECV_BUFFER_SIZE=auto: on shm 2 packets (the least allowed). The
 // provider copies each packet into the next free bytes of the buffer it
-// fills, so every arrival writes lines last written when the buffers came
-// round before: with 4 buffers of 512 KiB instead of 1 MiB, 64 KiB
-// ping-pongs over shm took 0.84x as long and streams of 8 B and 4 KiB
-// messages moved 1.20x and 1.11x as much (interleaved rounds, medians; 64
-// KiB streams even). Elsewhere 1 MiB (8 packets where that is more), as
-// before: smaller buffers were not measured there.
+// fills and hands the buffer back once less than a packet is free, so a
+// buffer takes about its size less a packet, and every arrival writes
+// lines last written when the buffers came round before. With 4 buffers
+// of 512 KiB those lines had left the receiver's 512 KiB L2 long before
+// (about 1.8 MiB of arrivals between two visits): a 4096-byte ping-pong
+// over shm took 1.2-1.5x as long as fi_pingpong's, whose receive buffer
+// is the same every time. Buffers of 128 KiB are visited every 256 KiB:
+// 4096-byte ping-pongs then took 0.66x as long as with 512 KiB (0.78
+// against 1.18 us, medians of 5 interleaved rounds; fi_pingpong 0.90), 64
+// KiB ones no longer beyond the noise, and streams of 8 B to 1 MiB moved as
+// much or more (64 KiB: 1.06-1.12x). Elsewhere 1 MiB (8 packets where that is
+// more): smaller buffers were not measured there.
 std::uint64_t default_recv_buffer_bytes(const std::string& provider, std::uint32_t packet_bytes) {
-  const std::uint64_t floor = provider == "shm" ? 65536 : std::uint64_t{1} << 20;
-  return std::max(floor, std::bit_ceil(std::uint64_t{8} * packet_bytes));
+  if (provider == "shm") return std::max<std::uint64_t>(65536, std::bit_ceil(std::uint64_t{2} * packet_bytes));
+  return std::max(std::uint64_t{1} << 20, std::bit_ceil(std::uint64_t{8} * packet_bytes));
 }
 
 // The largest default_packet_bytes() gives, whatever the provider.
@@ -307,8 +313,8 @@ OfiFabric::OfiFabric(std::uint32_t task, std::uint32_t tasks, std::uint16_t cont
   const std::uint32_t wanted = options.packet_bytes.value_or(default_packet_bytes(facts_.name));
   packet_bytes_ = static_cast<std::uint32_t>(std::min<std::uint64_t>(wanted, facts_.max_msg - kHeadroom - kHeaderBytes));
   recv_buffer_bytes_ = options.recv_buffer_bytes.value_or(default_recv_buffer_bytes(facts_.name, packet_bytes_));
-  if (recv_buffer_bytes_ < std::uint64_t{8} * packet_bytes_)
-    throw Error("ofi: AMI_OFI_RECV_BUFFER_SIZE holds fewer than 8 packets of AMI_OFI_PACKET_SIZE");
+  if (recv_buffer_bytes_ < std::uint64_t{2} * packet_bytes_)
+    throw Error("ofi: AMI_OFI_RECV_BUFFER_SIZE holds fewer than 2 packets of AMI_OFI_PACKET_SIZE");
 
   fid_fabric* fabric = nullptr;
   if (int r = fi_fabric(info_->fabric_attr, &fabric, nullptr))

@@ -111,28 +111,28 @@ TEST_CASE("the provider in use, its limits and registration modes are described"
   CHECK(ami::ofi::OfiFabric::provider_of(cut).empty());  // truncated: refused
 }
 
-TEST_CASE("receive buffers: auto spans 8 packets on shm, 1 MiB elsewhere; a size set is kept, and described") {
+TEST_CASE("receive buffers: auto spans 2 packets on shm, 1 MiB elsewhere; a size set is kept, and described") {
   struct Case {
     const char* provider;
     const char* size;  // AMI_OFI_RECV_BUFFER_SIZE
     std::uint64_t expected;
   };
-  for (const Case& k : {Case{"shm", "auto", 8 * 65536}, Case{"tcp;ofi_rxm", "auto", 1 << 20},
+  for (const Case& k : {Case{"shm", "auto", 2 * 65536}, Case{"tcp;ofi_rxm", "auto", 1 << 20},
                         Case{"shm", "2097152", 2 << 20}, Case{"tcp;ofi_rxm", "262144", 256 << 10}}) {
     CAPTURE(k.provider);
     CAPTURE(k.size);
     ami::Config c = test::config_with({{"AMI_OFI_PROVIDER", k.provider}, {"AMI_OFI_RECV_BUFFER_SIZE", k.size}});
     ami::ofi::OfiFabric fabric(0, 2, 1, ami::ofi::OfiOptions::from(c), 3);
     CHECK(fabric.recv_buffer_bytes() == k.expected);
-    CHECK(fabric.recv_buffer_bytes() >= 8 * std::uint64_t{fabric.max_packet() - ami::ofi::kHeadroom});
+    CHECK(fabric.recv_buffer_bytes() >= 2 * std::uint64_t{fabric.max_packet() - ami::ofi::kHeadroom});
     CHECK(has(fabric.describe(), ("receive buffers 4 x " + std::to_string(k.expected)).c_str()));
     // The memory the client is told the backend takes is at least that.
     CHECK(ami::ofi::OfiFabric::recv_buffer_bytes_bound(ami::ofi::OfiOptions::from(c)) >= k.expected);
   }
-  // Fewer than 8 packets a buffer: refused, naming both settings.
-  ami::Config c = test::config_with({{"AMI_OFI_PROVIDER", "shm"}, {"AMI_OFI_RECV_BUFFER_SIZE", "262144"}});
+  // Fewer than 2 packets a buffer: refused, naming both settings.
+  ami::Config c = test::config_with({{"AMI_OFI_PROVIDER", "shm"}, {"AMI_OFI_RECV_BUFFER_SIZE", "65536"}});
   CHECK_THROWS_WITH_AS(ami::ofi::OfiFabric(0, 2, 1, ami::ofi::OfiOptions::from(c), 3),
-                       doctest::Contains("AMI_OFI_RECV_BUFFER_SIZE holds fewer than 8 packets"), ami::Error);
+                       doctest::Contains("AMI_OFI_RECV_BUFFER_SIZE holds fewer than 2 packets"), ami::Error);
 }
 
 TEST_CASE("many contexts a side: every context reaches every context of the peer (names of several lengths)") {
