@@ -519,7 +519,7 @@ class AmEngine final : public device::PacketSink {
   std::size_t keepalive_cursor_ = 0;
   std::uint32_t advances_ = 0;
   bool rung_ = false;  // a lane rang since the devices were last flushed
-  bool credit_owed_ = false;  // a device's progress() did something since the last lull's return_credit()
+  bool credit_owed_ = false;  // a packet arrived since the last lull's return_credit()
   // When the next keepalive round is due (coarse clock ns): 0 until the
   // first look sets the schedule; never with keepalives off.
   std::int64_t next_keepalive_ns_ = 0;

@@ -24,7 +24,6 @@ std::size_t AmEngine::advance() {
   // may change polled_)
   std::size_t polled = 0;
   for (std::size_t i = 0; i < polled_.size(); ++i) polled += polled_[i]->progress(*this, 64);
-  credit_owed_ = credit_owed_ || polled != 0;
   work += polled;
   for (std::size_t i = 0; i < lanes_.size(); ++i) work += lanes_[i]->fifo().complete();
   if (acks_.advance(stats_.packets_received, [this](std::uint32_t p, const AckDispatcher::Range& r) {
@@ -127,7 +126,13 @@ void AmEngine::count_malformed(std::size_t reason) {
   ++stats_.malformed_by_reason[reason];
 }
 
+// Every arrival took a reception resource (a ring cell, a receive buffer)
+// that its device holds back for return_credit(); only arrivals do, so a
+// poll that found completions of this side's own work (a GET's, an
+// atomic's) owes none. (What a device drops without handing it up, it
+// returns with its next batch or the next lull after an arrival.)
 void AmEngine::on_packet(Endpoint origin, std::span<const std::byte> bytes) {
+  credit_owed_ = true;
   wire::PacketView v;
   if (wire::DecodeError e = wire::decode(bytes, v); e != wire::DecodeError::none) {
     count_malformed(static_cast<std::size_t>(e) - 1);
@@ -157,6 +162,7 @@ void AmEngine::on_packet(Endpoint origin, std::span<const std::byte> bytes) {
 // its handler (what handle() and on_first() would do for it, without the
 // general packet's fields).
 void AmEngine::on_compact_packet(Endpoint origin, std::uint32_t immediate, std::span<const std::byte> rest) {
+  credit_owed_ = true;
   wire::CompactView m;
   if (wire::DecodeError e = wire::decode_compact(immediate, rest, m); e != wire::DecodeError::none) {
     count_malformed(static_cast<std::size_t>(e) - 1);

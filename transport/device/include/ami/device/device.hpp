@@ -171,9 +171,9 @@ class Device {
   virtual unsigned reception_load() const { return 0; }
   // Hands back to the peers every reception resource consumed so far (ring
   // cells, receive buffers) that the device holds back to return in
-  // batches. The engine calls it once in a lull that follows work of
-  // progress() (what takes credit counts as work); a device also returns
-  // credit by itself once a batch is full, so none waits on it.
+  // batches. The engine calls it once in a lull that follows an arrival
+  // (a packet handed to the sink), and before it sleeps; a device also
+  // returns credit by itself once a batch is full, so none waits on it.
   // Returns how much was returned.
   virtual std::size_t return_credit() { return 0; }
   // Posts what ring() held back for a batch. The engine calls it as its

@@ -48,7 +48,7 @@ class InjectionFifo {
   const TransferCounter& counter() const { return counter_; }
 
   // The slot the next commit() publishes, or nullptr when it is not free.
-  Slot* try_reserve() {
+  [[gnu::always_inline]] Slot* try_reserve() {
     if (callbacks_.pending() == 0) scanned_ = counter_.snapshot();
     const std::uint64_t next = injected_;
     if (next - scanned_ >= depth_) return nullptr;
