@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "ami/device/device.hpp"
+#include "ami/device/pages.hpp"
 #include "ofi_fabric.hpp"
 #include "ofi_wire.hpp"
 
@@ -255,11 +256,8 @@ class OfiDevice final : public device::Device {
   bool held_ = false;             // ring() held descriptors back since
 
   // Receive buffers, page-aligned (see the constructor).
-  struct FreeBytes {
-    void operator()(std::byte* p) const { std::free(p); }
-  };
   std::uint64_t recv_bytes_;
-  std::unique_ptr<std::byte[], FreeBytes> recv_memory_;
+  device::PageBuffer recv_memory_;
   FiOwner<fid_mr> recv_mr_;
   void* recv_desc_ = nullptr;
   std::unique_ptr<OpContext[]> recv_ops_;

@@ -95,7 +95,7 @@ class VerbsLane final : public device::Lane {
   std::uint32_t index_;  // peer task * contexts + peer context
   std::size_t max_packet_;
   MrOwner slots_mr_;  // the FIFO's descriptors: packet headers are sent from there
-  AlignedBuffer staging_;
+  PageBuffer staging_;
   MrOwner staging_mr_;
   std::uint64_t staging_size_;
   std::uint64_t staging_head_ = 0;                // bytes ever handed out

@@ -182,7 +182,7 @@ struct ContextQueues {
   CqOwner cq;
   int cqe = 0;  // the CQ's size: it grows with the queue pairs
   SrqOwner srq;
-  AlignedBuffer receive_memory;  // srq_depth bounce buffers of bounce_bytes
+  PageBuffer receive_memory;  // srq_depth bounce buffers of bounce_bytes
   MrOwner receive_mr;
   std::vector<Route> routes;        // by qpn: whom a receive completion came from
   // Receive buffers the protocol is done with, re-posted in batches, and the
@@ -193,7 +193,7 @@ struct ContextQueues {
   std::uint32_t receives_posted = 0;
   // The handshake's UD queue pair, its buffers (receives, then sends) and
   // an address handle per peer task it has sent to.
-  AlignedBuffer ud_memory;
+  PageBuffer ud_memory;
   MrOwner ud_mr;
   std::unordered_map<std::uint32_t, AhOwner> ahs;
   std::uint32_t ud_sends_out = 0;   // sends not yet completed

@@ -12,9 +12,9 @@
 #include <rdma/rdma_cma.h>
 
 #include <cstddef>
-#include <cstdlib>
 #include <memory>
 
+#include "ami/device/pages.hpp"
 #include "verbs_error.hpp"
 
 namespace ami::verbs {
@@ -73,9 +73,6 @@ struct DestroyCmId {
 struct FreeDeviceList {
   void operator()(ibv_device** list) const { ibv_free_device_list(list); }
 };
-struct FreeAligned {
-  void operator()(std::byte* p) const { std::free(p); }
-};
 
 }  // namespace detail
 
@@ -90,11 +87,8 @@ using AhOwner = std::unique_ptr<ibv_ah, detail::DestroyAh>;
 using CmChannelOwner = std::unique_ptr<rdma_event_channel, detail::DestroyCmChannel>;
 using CmIdOwner = std::unique_ptr<rdma_cm_id, detail::DestroyCmId>;
 using DeviceListOwner = std::unique_ptr<ibv_device*, detail::FreeDeviceList>;
-using AlignedBuffer = std::unique_ptr<std::byte, detail::FreeAligned>;
-
-// bytes of page-aligned memory (rounded up to whole pages); throws
-// std::bad_alloc.
-AlignedBuffer allocate_pages(std::size_t bytes);
+using device::allocate_pages;
+using device::PageBuffer;
 
 // Registers [address, address + bytes) with pd; throws ami::Error.
 MrOwner register_memory(ibv_pd* pd, void* address, std::size_t bytes, int access, const char* what);

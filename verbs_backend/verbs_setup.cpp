@@ -6,9 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <new>
 #include <random>
 
 #include "ami/device/descriptor.hpp"
@@ -68,14 +66,6 @@ std::uint32_t random_psn() {
 constexpr std::uint64_t kFirstLanes = 4;
 
 }  // namespace
-
-AlignedBuffer allocate_pages(std::size_t bytes) {
-  constexpr std::size_t kPage = 4096;
-  bytes = (bytes + kPage - 1) / kPage * kPage;
-  void* p = std::aligned_alloc(kPage, bytes);
-  if (p == nullptr) throw std::bad_alloc();
-  return AlignedBuffer(static_cast<std::byte*>(p));
-}
 
 MrOwner register_memory(ibv_pd* pd, void* address, std::size_t bytes, int access, const char* what) {
   MrOwner mr(ibv_reg_mr(pd, address, bytes, access));
