@@ -32,6 +32,31 @@ namespace ami::tools {
 
 namespace {
 
+// A test buffer on whole pages, as perftest's: where a message starts in a
+// page is then the same in every run, and a copy of it touches as few pages
+// as its length needs.
+class PageBytes {
+ public:
+  explicit PageBytes(std::size_t size) : size_(size) {
+    const long page = ::sysconf(_SC_PAGESIZE);
+    const std::size_t p = page > 0 ? static_cast<std::size_t>(page) : 4096;
+    const std::size_t bytes = (size + p - 1) / p * p;
+    bytes_.reset(static_cast<std::byte*>(std::aligned_alloc(p, bytes)));
+    if (!bytes_) throw std::bad_alloc();
+    std::memset(bytes_.get(), 0, bytes);
+  }
+  std::byte* data() { return bytes_.get(); }
+  std::size_t size() const { return size_; }
+  std::byte& operator[](std::size_t i) { return bytes_[i]; }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  std::size_t size_;
+  std::unique_ptr<std::byte[], Free> bytes_;
+};
+
 using Clock = std::chrono::steady_clock;
 
 constexpr std::uint16_t kData = 1, kControl = 2;
@@ -294,7 +319,7 @@ class Server {
   Endpoint peer_;
   std::size_t immediate_;
   const Options& o_;
-  std::vector<std::byte> buffer_;
+  PageBytes buffer_;
   Memory buffer_memory_;
   Memory memory_;
   RemoteKey peer_key_{};
@@ -667,7 +692,7 @@ class Driver {
   Endpoint peer_;
   std::size_t immediate_;
   const Options& o_;
-  std::vector<std::byte> send_, recv_;
+  PageBytes send_, recv_;
   Memory send_memory_, recv_memory_;
   Memory local_;
   RemoteKey key_{};
