@@ -119,9 +119,7 @@ std::vector<device::MemoryDemand> memory(const Config& c, std::uint16_t contexts
   return out;
 }
 
-}  // namespace
-
-const device::BackendInfo& backend_info() {
+const device::BackendInfo& module_info() {
   static const device::BackendInfo info{
       .name = "ofi",
       .params = kParams,
@@ -139,4 +137,11 @@ const device::BackendInfo& backend_info() {
   return info;
 }
 
+}  // namespace
+
 }  // namespace ami::ofi
+
+// The module's one entry point (ofi_module.cpp loads it by this name).
+extern "C" [[gnu::visibility("default")]] const ami::device::BackendInfo* ami_ofi_backend_info() {
+  return &ami::ofi::module_info();
+}
