@@ -55,11 +55,8 @@ Loaded load() {
     // use them.
     using Entry = const device::BackendInfo* (*)();
     auto entry = reinterpret_cast<Entry>(::dlsym(handle, "ami_ofi_backend_info"));
-    if (entry == nullptr || entry() == nullptr) {
-      out.why = "ofi: " + path + " has no ami_ofi_backend_info";
-      return out;
-    }
-    out.info = entry();
+    out.info = entry != nullptr ? entry() : nullptr;
+    if (out.info == nullptr) out.why = "ofi: " + path + " has no ami_ofi_backend_info";
     return out;
   }
   out.why = std::string("ofi: cannot load the backend's module ") + kModule + " (" + errors + ")";
