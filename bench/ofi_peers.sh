@@ -117,7 +117,7 @@ ensure_packages() {  # ensure_packages [rxe]
 
 ensure_build() {
   [[ -f "$BUILD/build.ninja" ]] || meson setup "$BUILD" >/dev/null
-  meson compile -C "$BUILD" tools/ami_info tools/ami_send_lat tools/ami_send_bw >/dev/null
+  meson compile -C "$BUILD" tools/ami_info tools/ami_send_lat tools/ami_send_bw ami-ofi >/dev/null
 }
 
 WORK=$(mktemp -d)
