@@ -10,7 +10,6 @@
 // beside libami (the build tree) or in its ami/ directory (installed).
 #include <dlfcn.h>
 
-#include <mutex>
 #include <string>
 
 #include "ami/error.hpp"
@@ -64,9 +63,7 @@ Loaded load() {
 }
 
 const Loaded& module() {
-  static std::once_flag once;
-  static Loaded loaded;
-  std::call_once(once, [] { loaded = load(); });
+  static const Loaded loaded = load();  // (once, whichever thread asks first)
   return loaded;
 }
 
