@@ -24,11 +24,16 @@
 # Targets (issue text): on shm latency <= 1.10x and rate >= 0.95x UCX's;
 # on rxe latency <= 1.10x and rate >= 0.95x perftest's.
 #
-# Written to OUT_DIR: atomics.txt (or atomics_rxe.txt) and a .dat of the
-# rounds; bench/plot.sh draws the .dat when gnuplot is present.
+# Written to OUT_DIR: atomics.txt (or atomics_rxe.txt), a .dat of the
+# rounds, and two plots of them by bench/plot.sh (when gnuplot is present):
+# atomics[_rxe]_lat.png and atomics[_rxe]_rate.png, one line per tool and
+# operation against the round, ami's and its peer's in pairs.
 #
 # usage: bench/atomics.sh [--rxe] [build-dir]
-#        ROUNDS=5 ITERS=100000 OUTSTANDING=16 OUT_DIR=<build-dir>/bench-results
+#        ROUNDS=5 OUTSTANDING=16 OUT_DIR=<build-dir>/bench-results
+#        ITERS=1000000 on the host (ami's and ucx_perftest's rate runs: ten
+#          times that; at some 20 ns an op, shorter runs measure their own
+#          start), 100000 with --rxe
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RXE=0
@@ -39,7 +44,7 @@ fi
 BUILD=${1:-build}
 OUT_DIR=${OUT_DIR:-$BUILD/bench-results}
 ROUNDS=${ROUNDS:-5}
-ITERS=${ITERS:-100000}
+ITERS=${ITERS:-$((RXE ? 100000 : 1000000))}
 OUTSTANDING=${OUTSTANDING:-16}
 PORT=${PORT:-19700}
 RUN_TIMEOUT=300
@@ -68,22 +73,47 @@ for r in json.load(open(sys.argv[1]))["results"]:
   fi
 }
 
+# plot_rounds DAT STEM PEER NAME LAT RATE: from the rounds' table DAT
+# (columns "round op ..."), STEM_lat.png and STEM_rate.png: for each op,
+# ami's column LAT (RATE) and the peer's (the column PEER_lat, PEER_rate;
+# NAME in the legend) against the round, in pairs.
+plot_rounds() {
+  local dat=$1 stem=$2 peer=$3 name=$4 what col unit where=shm
+  [[ $stem == *_rxe ]] && where=soft-RoCE
+  for what in lat rate; do
+    col=$5
+    [[ $what == rate ]] && col=$6
+    unit="latency [usec]"
+    [[ $what == rate ]] && unit="rate [Mops/s]"
+    awk -v a="$col" -v b="${peer}_$what" -v p="$name" '
+      NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
+      { if (!($2 in seen)) { seen[$2] = 1; ops[++n] = $2 }
+        v[$1, $2] = $(c[a]) " " $(c[b]); if ($1 > last) last = $1 }
+      END { printf "round"; for (k = 1; k <= n; k++) printf " ami_%s %s_%s", ops[k], p, ops[k]; print ""
+            for (r = 1; r <= last; r++) { printf "%d", r
+              for (k = 1; k <= n; k++) printf " %s", ((r, ops[k]) in v) ? v[r, ops[k]] : "- -"; print "" } }' \
+      "$dat" >"$stem.$what.dat"
+    bench/plot.sh --linear-x --pairs -x round -y "$unit" -t "64-bit atomics over $where: $unit by round" \
+      "$stem.$what.dat" "${stem}_$what.png" >/dev/null 2>&1 || echo "# no plot ${stem}_$what.png (gnuplot?)" >&2
+  done
+}
+
 # ---- on the host ---------------------------------------------------------------
 
-# ucx TEST -> "p50_usec msg_per_s" of ucx_perftest's one-line (-f) report
+# ucx TEST N FIELD -> a figure of ucx_perftest's one-line (-f) report of N
+# operations: FIELD 2 its 50th percentile [usec], 8 its overall message rate
 ucx() {
-  local test=$1 out spid
-  UCX_TLS=sm timeout "$RUN_TIMEOUT" ucx_perftest -t "$test" -n "$ITERS" -w 1000 -p "$PORT" -c 0 -f \
-    >/dev/null 2>&1 &
+  local test=$1 n=$2 field=$3 out spid
+  UCX_TLS=sm timeout "$RUN_TIMEOUT" ucx_perftest -t "$test" -n "$n" -w 1000 -p "$PORT" -c 0 -f >/dev/null 2>&1 &
   spid=$!
   sleep 0.5
-  out=$(UCX_TLS=sm timeout "$RUN_TIMEOUT" ucx_perftest -t "$test" -n "$ITERS" -w 1000 -p "$PORT" -c 1 -f \
-        localhost 2>&1) || echo "ucx_perftest -t $test failed: $(tail -3 <<<"$out")" >&2
+  out=$(UCX_TLS=sm timeout "$RUN_TIMEOUT" ucx_perftest -t "$test" -n "$n" -w 1000 -p "$PORT" -c 1 -f localhost 2>&1) ||
+    echo "ucx_perftest -t $test failed: $(tail -3 <<<"$out")" >&2
   wait "$spid" || true
   PORT=$((PORT + 1))
   # iterations, 50th percentile, average, overall [usec], bandwidth avg and
   # overall, message rate avg and overall
-  awk '$1 ~ /^[0-9]+$/ && NF >= 8 {print $2, $8; exit}' <<<"$out"
+  awk -v f="$field" '$1 ~ /^[0-9]+$/ && NF >= 8 {print $f; exit}' <<<"$out"
 }
 
 host_main() {
@@ -94,16 +124,16 @@ host_main() {
   local txt=$OUT_DIR/atomics.txt dat=$OUT_DIR/atomics.dat r op u
   {
     echo "# 64-bit atomics on a peer's word over shared memory, both sides pinned by the tools;"
-    echo "# $ROUNDS interleaved rounds of $ITERS; latency [usec] one op, rate [Mops/s] with -o $OUTSTANDING"
+    echo "# $ROUNDS interleaved rounds; latency [usec] one op, runs of $ITERS; rate [Mops/s], runs of"
+    echo "# $((ITERS * 10)), ami with -o $OUTSTANDING (ucx_perftest posts back to back)"
     echo "round op ami_lat ucx_lat ami_rate ucx_rate" >"$dat"
     for ((r = 1; r <= ROUNDS; r++)); do
       for op in "${OPS[@]}"; do
         local t=ucp_fadd
         [[ $op == CMP_AND_SWAP ]] && t=ucp_cswap
         add "ami_lat_$op" "$(ami ami_atomic_lat --local -A "$op" -n "$ITERS")"
-        read -r ul ur <<<"$(ucx "$t")"
-        add "ucx_lat_$op" "$ul"
-        add "ucx_rate_$op" "$(awk -v r="$ur" 'BEGIN { if (r + 0 > 0) printf "%.3f", r / 1e6 }')"
+        add "ucx_lat_$op" "$(ucx "$t" "$ITERS" 2)"
+        add "ucx_rate_$op" "$(awk -v r="$(ucx "$t" "$((ITERS * 10))" 8)" 'BEGIN { if (r + 0 > 0) printf "%.3f", r / 1e6 }')"
         add "ami_rate_$op" "$(ami ami_atomic_bw --local -A "$op" -o "$OUTSTANDING" -n "$((ITERS * 10))")"
         echo "# round $r $op: ami $(last "ami_lat_$op") us, $(last "ami_rate_$op") Mops/s;" \
           "ucx ($t) $(last "ucx_lat_$op") us, $(last "ucx_rate_$op") Mops/s"
@@ -118,6 +148,7 @@ host_main() {
       printf '%-28s %10s %10s %9s   %s\n' "$op rate [Mops/s]" "$ar" "$ur" "$(ratio "$ar" "$ur")" ">=0.95"
     done
   } | tee "$txt"
+  plot_rounds "$dat" "$OUT_DIR/atomics" ucx ucx_perftest ami_lat ami_rate
 }
 
 # ---- --rxe: on the host, then in the VM -----------------------------------------
@@ -131,6 +162,8 @@ rxe_host_main() {
   # The VM passes only AMI_* variables on: the settings go as arguments.
   tests/rxe/ami-vm --timeout 3000 --share "$PWD" --share "$build" -- "$PWD/bench/atomics.sh" --rxe-vm "$build" \
     "$ROUNDS" "$ITERS" "$OUTSTANDING" | tee "$OUT_DIR/atomics_rxe.txt"
+  cp "$build/bench-results/atomics_rxe.dat" "$OUT_DIR/atomics_rxe.dat" 2>/dev/null || true
+  plot_rounds "$OUT_DIR/atomics_rxe.dat" "$OUT_DIR/atomics_rxe" ib perftest ami_nic_lat ami_nic_rate
 }
 
 rxe_vm_main() {
