@@ -80,6 +80,7 @@ for r in json.load(open(sys.argv[1]))["results"]:
 plot_rounds() {
   local dat=$1 stem=$2 peer=$3 name=$4 what col unit where=shm
   [[ $stem == *_rxe ]] && where=soft-RoCE
+  [[ -s $dat ]] || { echo "# no plots: $dat is missing" >&2; return 0; }
   for what in lat rate; do
     col=$5
     [[ $what == rate ]] && col=$6
