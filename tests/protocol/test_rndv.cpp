@@ -301,10 +301,15 @@ struct Rig {
     CHECK(ca.in_use() == 0);
     CHECK(cb.in_use() == 0);
   }
-  // Eager packets start at 512 bytes, headers included; the first carries
-  // the rendezvous info too.
+  // The eager packets of a message its receiver is expected to stop start
+  // at 512 bytes, headers included; the first carries the rendezvous info
+  // too.
   std::uint64_t first_payload() const {
     return 512 - sizeof(ami::wire::PacketHeader) - ami::wire::RendezvousInfo::kBytes;
+  }
+  // Any other message goes in whole packets (the cell's 1000 bytes) from the first.
+  static std::uint64_t whole_payload(bool first) {
+    return 1000 - sizeof(ami::wire::PacketHeader) - (first ? ami::wire::RendezvousInfo::kBytes : 0);
   }
 };
 
@@ -428,11 +433,37 @@ TEST_CASE("STOP after the last eager packet: the sender answers with everything 
     (void)r.ea.advance();
     CHECK(r.sa.rndv_stopped == 1);
     r.finish();
-    CHECK(r.sb.rndv_late_bytes == r.source.size() - r.first_payload());
+    CHECK(r.sb.rndv_late_bytes == r.source.size() - Rig::whole_payload(true));
     CHECK(r.sa.rndv_put_bytes == 0);  // stop_put: nothing left to PUT
     if (mode == Mode::discard_get) CHECK(r.sb.rndv_get_bytes == r.source.size());
     // split_get GETs its bottom half before it knows; the cts says the middle is covered.
     if (mode == Mode::split_get) CHECK(r.sb.rndv_get_bytes < r.source.size());
+  }
+}
+
+TEST_CASE("eager packets grow only for a message its receiver is expected to stop") {
+  // Crossover 4000: after a whole first packet, 3000 more bytes go eagerly;
+  // 5000 more would be stopped, so that message starts at 512 bytes.
+  for (const std::size_t extra : {std::size_t{3000}, std::size_t{5000}}) {
+    CAPTURE(extra);
+    const bool stopped = extra > 4000;
+    Rig r(Mode::automatic, 64, 64, 4000);
+    r.da.hold(1, true);
+    r.send(Rig::whole_payload(true) + extra);
+    (void)r.ea.advance();
+    // What went before the receiver saw anything: paced, a first packet
+    // of 512 bytes and one more (grown to a whole one); not, the whole
+    // message in whole packets.
+    if (stopped) {
+      CHECK(r.sa.packets_sent == 2);
+      CHECK(r.sa.bytes_sent == r.first_payload() + Rig::whole_payload(false));
+    } else {
+      CHECK(r.sa.bytes_sent == r.source.size());
+      CHECK(r.sa.packets_sent == 1 + (extra + Rig::whole_payload(false) - 1) / Rig::whole_payload(false));
+    }
+    r.finish();
+    CHECK(r.sa.rndv_stopped == (stopped ? 1 : 0));
+    if (!stopped) CHECK(r.sb.rndv_get_bytes + r.sa.rndv_put_bytes == 0);  // every byte came eagerly
   }
 }
 

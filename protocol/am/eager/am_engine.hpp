@@ -18,8 +18,9 @@
 //
 // The rendezvous, as it runs here:
 //  sender    send(): registers the buffer (or uses SendParams::memory) and
-//            streams eager packets of growing size from offset 0, the first
-//            carrying the buffer's key. The request lives until the
+//            streams eager packets from offset 0 (of growing size when the
+//            receiver is expected to stop it), the first carrying the
+//            buffer's key. The request lives until the
 //            receiver's ack (or, after a stop_put, until its fin went out).
 //  receiver  runs rndv::decide() at each eager packet. Not stopped: when the
 //            last byte is in, done runs and an ack goes back. Stopped:
