@@ -33,6 +33,8 @@ std::uint64_t OfiLane::max_rdma() const {
   return std::min<std::uint64_t>(device_.fabric_.facts().max_msg, std::uint64_t{1} << 30);
 }
 
+bool OfiLane::get_beats_put() const { return !ordered() && !device_.fabric_.facts().on_shm; }
+
 bool OfiLane::get_beats_eager() const {
   const ProviderFacts& f = device_.fabric_.facts();
   return f.over_rxm && !f.on_verbs;

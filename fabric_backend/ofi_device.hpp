@@ -79,9 +79,16 @@ class OfiLane final : public device::Lane {
   std::size_t max_packet() const override;
   bool ordered() const override;
   // Unordered: a PUT asks for FI_DELIVERY_COMPLETE, a round trip more
-  // (1 MiB ping-pongs over tcp;ofi_rxm: 120 us by GET, 138 by PUT; over
-  // shm 43 against 89).
-  bool get_beats_put() const override { return !ordered(); }
+  // (1 MiB ping-pongs over tcp;ofi_rxm: 120 us by GET, 138 by PUT). Not on
+  // shm, whose PUT above the inject size is one CMA copy by the target and
+  // complete only once that is done anyway, while its GET is a copy
+  // through the provider's bounce buffers (SAR), during which the provider
+  // refuses everything else to that peer (-FI_EAGAIN), split_get's second
+  // GET and the acks among it: 1 MiB ping-pongs by split_get took 108-127
+  // us, or 450-560 in 2 runs of 3 and of 8, by stop_put 73-90 every time
+  // (fi_pingpong 85-113); 4 MiB 325-1745 against 318-632 (streams of 1 and
+  // 4 MiB 2.5-8.5 GB/s against 11.3-13.7).
+  bool get_beats_put() const override;
   // rxm over a core other than verbs (tcp): an eager packet is copied into
   // rxm's bounce buffer, by the kernel through the socket into the peer's,
   // and out of that into a multi-receive buffer; a GET's bytes go from the

@@ -308,6 +308,7 @@ OfiFabric::OfiFabric(std::uint32_t task, std::uint32_t tasks, std::uint16_t cont
   facts_.receives_in_order = options.ordered && (info_->rx_attr->comp_order & FI_ORDER_STRICT) != 0;
   facts_.on_verbs = facts_.name.rfind("verbs", 0) == 0;
   facts_.over_rxm = facts_.name.find("ofi_rxm") != std::string::npos;
+  facts_.on_shm = facts_.name == "shm";
   if (facts_.max_msg < 1024) throw Error("ofi: " + facts_.name + " carries messages of at most " +
                                          std::to_string(facts_.max_msg) + " bytes");
   const std::uint32_t wanted = options.packet_bytes.value_or(default_packet_bytes(facts_.name));

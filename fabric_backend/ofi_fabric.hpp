@@ -96,6 +96,7 @@ struct ProviderFacts {
   bool receives_in_order = false;
   bool on_verbs = false;  // the core provider is verbs: a GET is the NIC's RDMA READ
   bool over_rxm = false;  // reached through rxm (eager packets go through its bounce buffers)
+  bool on_shm = false;    // the provider is shm: a PUT is one copy by its target, placed when complete
 };
 
 // One context's endpoint and the objects bound to it. Members in creation

@@ -18,7 +18,7 @@ inline constexpr ParamSpec kParams[] = {
      "What a receiver does when it stops an eager message: discard_get (drop the eager packets, "
      "GET it all), split_get (keep them, GET the rest from both ends), stop_put (the sender PUTs "
      "the rest into the receive buffer; a rest of 16 KiB or more is shared with the receiver's GET), "
-     "or auto: stop_put, or split_get on a lane where a GET beats a PUT (an unordered ofi lane).", false, "auto|discard_get|split_get|stop_put"},
+     "or auto: stop_put, or split_get on a lane where a GET beats a PUT (an unordered ofi lane other than shm).", false, "auto|discard_get|split_get|stop_put"},
     {"AMI_RNDV_CROSSOVER", "auto", ParamType::unsigned_int, 0, 1ull << 40,
      "Eager bytes still to come above which a receiver stops a message and moves the rest by "
      "RDMA: auto (the backend's figure for the lane) or bytes (1 TiB: never).", true},

@@ -27,8 +27,8 @@
 // streams of 512 B..8 KiB messages whose receiver stops some mid-message
 // for a full ring moved 20-40% more with stop_put there than with
 // split_get, which GETs by the receiver.) On a lane where a GET beats a
-// PUT (Lane::get_beats_put: an unordered lane, whose PUT must wait to be
-// known placed before its fin) auto is split_get. Where the peer competes
+// PUT (Lane::get_beats_put: an unordered ofi lane other than shm, whose
+// PUT must wait to be known placed before its fin) auto is split_get. Where the peer competes
 // with other tasks for the host's CPUs (Lane::oversubscribed) auto is
 // discard_get: the receiver GETs the whole rest by itself, while a PUT (or
 // the cts of a split_get) would wait for the scheduler to run the sender.
