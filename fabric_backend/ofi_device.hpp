@@ -84,7 +84,7 @@ class OfiLane final : public device::Lane {
   // complete only once that is done anyway, while its GET is a copy
   // through the provider's bounce buffers (SAR), during which the provider
   // refuses everything else to that peer (-FI_EAGAIN), split_get's second
-  // GET and the acks among it: 1 MiB ping-pongs by split_get took 108-127
+  // GET and the acks among them: 1 MiB ping-pongs by split_get took 108-127
   // us, or 450-560 in 2 runs of 3 and of 8, by stop_put 73-90 every time
   // (fi_pingpong 85-113); 4 MiB 325-1745 against 318-632 (streams of 1 and
   // 4 MiB 2.5-8.5 GB/s against 11.3-13.7).

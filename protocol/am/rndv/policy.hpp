@@ -28,10 +28,11 @@
 // for a full ring moved 20-40% more with stop_put there than with
 // split_get, which GETs by the receiver.) On a lane where a GET beats a
 // PUT (Lane::get_beats_put: an unordered ofi lane other than shm, whose
-// PUT must wait to be known placed before its fin) auto is split_get. Where the peer competes
-// with other tasks for the host's CPUs (Lane::oversubscribed) auto is
-// discard_get: the receiver GETs the whole rest by itself, while a PUT (or
-// the cts of a split_get) would wait for the scheduler to run the sender.
+// PUT must wait to be known placed before its fin) auto is split_get.
+// Where the peer competes with other tasks for the host's CPUs
+// (Lane::oversubscribed) auto is discard_get: the receiver GETs the whole
+// rest by itself, while a PUT (or the cts of a split_get) would wait for
+// the scheduler to run the sender.
 // (4 and 8 tasks on 2 cores, bench/coll_vs_mpi.sh: the 1 MiB allreduce took
 // 0.85x and 0.86x the time it took with stop_put.) Where a GET also beats
 // the eager packets still in flight (Lane::get_beats_eager: rxm over tcp,
