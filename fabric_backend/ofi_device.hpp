@@ -86,8 +86,9 @@ class OfiLane final : public device::Lane {
   // refuses everything else to that peer (-FI_EAGAIN), split_get's second
   // GET and the acks among them: 1 MiB ping-pongs by split_get took 108-127
   // us, or 450-560 in 2 runs of 3 and of 8, by stop_put 73-90 every time
-  // (fi_pingpong 85-113); 4 MiB 325-1745 against 318-632 (streams of 1 and
-  // 4 MiB 2.5-8.5 GB/s against 11.3-13.7).
+  // (fi_pingpong 85-113); 4 MiB 325-1745 against 318-632. (Streams of 1 MiB
+  // moved 2.5-8.5 GB/s against 11.3-12.2; of 4 MiB 14.2-15.1 against
+  // 13.2-13.7.)
   bool get_beats_put() const override;
   // rxm over a core other than verbs (tcp): an eager packet is copied into
   // rxm's bounce buffer, by the kernel through the socket into the peer's,
