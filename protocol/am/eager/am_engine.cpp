@@ -27,8 +27,9 @@ constexpr std::uint64_t kFirstEager = 512;
 // worth of packets the rendezvous then makes useless.
 constexpr std::uint32_t kEagerBurst = 16;
 // And when the receiver is expected to stop the message at its first
-// packet (the rest is longer than the crossover, Lane::rdma_crossover() or
-// AMI_RNDV_CROSSOVER, which the receiver judges by too), they are paced by
+// packet (even a whole first packet leaves more than the crossover to come,
+// Lane::rdma_crossover() or AMI_RNDV_CROSSOVER, which the receiver judges
+// by too), they are paced by
 // their completions: beyond the first, one goes out only while fewer than
 // this many of the lane's descriptors injected since the first packet are
 // still on it (not passed by its transfer counter). The stop then finds the
