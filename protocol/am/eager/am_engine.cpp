@@ -328,11 +328,12 @@ bool AmEngine::inject_send(Peer& peer, Request& r) {
     const std::size_t info = (!r.started && r.rndv) ? wire::RendezvousInfo::kBytes : 0;
     const std::uint64_t overhead = kWireHeader + hdr + info;
     std::uint64_t room = lane.max_packet() - overhead;
-    const std::uint64_t crossover = shape_.options.rndv_crossover.value_or(lane.rdma_crossover());
     // Expected to be stopped: even a whole first packet leaves more than the
     // crossover to come. Only such a message grows its packets; the others
-    // go in whole ones from the first.
-    if (!r.started) r.paced = r.rndv && r.total - std::min(room, r.total) > crossover;
+    // go in whole ones from the first. (Decided once, at the first packet.)
+    if (!r.started)
+      r.paced = r.rndv && r.total - std::min(room, r.total) >
+                              shape_.options.rndv_crossover.value_or(lane.rdma_crossover());
     if (r.paced) {
       // The packet, headers included, is the growing size: a power of two,
       // so it fills whole MTU frames.
