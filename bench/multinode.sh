@@ -8,7 +8,9 @@
 #     and two tasks on different nodes (verbs over rxe). The tools run as
 #     server and client (TCP bootstrap): the server started by srun on
 #     node-a or node-b, the client on node-a; each side pinned to its own
-#     vCPU (server 0, client 1). Ratio: two nodes / one node.
+#     vCPU (server 0, client 1). Ratio: two nodes / one node. Between the
+#     nodes perftest's ib_send_lat and ib_send_bw (raw verbs SEND, the
+#     tools' twins) run too, placed the same way. Ratio: ami / perftest.
 #  2. Collectives at 4 tasks on 2 nodes, 2 per node (srun --mpi=pmix -N 2
 #     -n 4 --ntasks-per-node=2): barrier, 8 B allreduce and 1 MiB allreduce
 #     (sums of doubles), ami's bench/ami_coll_bench (its defaults: shm in a
@@ -27,9 +29,10 @@
 # its raw figures into a shared directory; the tables and plots are made
 # back on the host. Written to OUT_DIR: multinode.txt (the report),
 # multinode_am.dat/.png (latency and bandwidth by size, one node and two),
+# multinode_verbs.dat/.png (between the nodes: ami and perftest by size),
 # multinode_coll.dat/.png (allreduce at 8 B and 1 MiB, ami and each MPI).
 # Needs root, qemu, Slurm and munge (as tests/multinode/cluster.sh), Open
-# MPI (mpicc) and gnuplot for the plots.
+# MPI (mpicc), perftest and gnuplot for the plots.
 #
 # usage: bench/multinode.sh [build-dir]
 #        ROUNDS=5               rounds (at least 3)
@@ -89,12 +92,12 @@ in_cluster() {
 
   for ((round = 1; round <= ROUNDS; round++)); do
     echo "# round $round of $ROUNDS" >&2
-    local order=(same two)
-    ((round % 2)) || order=(two same)
+    local order=(same two perftest)
+    ((round % 2)) || order=(perftest two same)
     for test in lat bw; do
       for size in $SIZES; do
         for where in "${order[@]}"; do
-          am_run "$where" "$test" "$size"
+          if [[ $where == perftest ]]; then perftest_run "$test" "$size"; else am_run "$where" "$test" "$size"; fi
         done
       done
     done
@@ -136,6 +139,51 @@ am_run() {
     return 0
   fi
   echo "am/$test/$where/$size $value" >>"$samples"
+}
+
+# perftest_run lat|bw SIZE: perftest's two-sided twin of ami_send_TEST
+# (ib_send_lat or ib_send_bw: raw verbs SEND between the nodes), as am_run
+# runs ami's over two nodes: server on node-b pinned to vCPU 0, client on
+# node-a to vCPU 1, the same size and iterations, GID RXE_GID_INDEX. The
+# client's figure goes to the samples as am/TEST/perftest/SIZE. perftest
+# refuses to run when its clock calibration is noisy ("Correlation
+# coefficient", common in a TCG VM): a run it refused is tried again, at
+# most three times.
+perftest_run() {
+  local test=$1 size=$2 tool=ib_send_$1 iters out rc value extra=() _
+  iters=$(iters_for "$test" "$size")
+  [[ $test == lat ]] && extra=(-F)  # no cpufreq in the VM: do not refuse over it
+  for _ in 1 2 3; do
+    port=$((port + 1))
+    rc=0
+    local args=(-d rxe0 -x "${RXE_GID_INDEX:-1}" -s "$size" -n "$iters" -p "$port" "${extra[@]}")
+    srun -N 1 -n 1 -w node-b --mpi=none timeout "$RUN_TIMEOUT" taskset -c 0 \
+      "$tool" "${args[@]}" >"$results/server.out" 2>&1 &
+    local spid=$!
+    # The server may not listen yet: perftest's client does not wait for it.
+    local tries=0
+    while :; do
+      rc=0
+      out=$(timeout "$RUN_TIMEOUT" taskset -c 1 "$tool" "${args[@]}" "$NODE_B" 2>&1) || rc=$?
+      if ((rc != 0)) && grep -q "Couldn't connect" <<<"$out" && ((++tries < 60)); then sleep 0.5; else break; fi
+    done
+    wait "$spid" || true
+    grep -q "Correlation coefficient" <<<"$out" || break
+    echo "# $tool $size B refused over its clock calibration; again" >&2
+  done
+  # the same columns as ami's tools (perftest's own layout)
+  value=$(awk -v s="$size" -v t="$test" '$1 == s && NF >= 5 {
+      if (t == "lat") print $5
+      else printf "%.6g\n", $5 * 1e6 * s / 1048576 }' <<<"$out")
+  if ((rc != 0)) || [[ -z $value ]]; then
+    {
+      echo "$tool $size B (two nodes): exit $rc"
+      tail -n 3 <<<"$out" | sed 's/^/  client: /'
+      tail -n 3 "$results/server.out" | sed 's/^/  server: /'
+    } | tee -a "$log" >&2
+    return 0
+  fi
+  echo "am/$test/perftest/$size $value" >>"$samples"
 }
 
 # The environment that gives Open MPI its transport.
@@ -232,16 +280,20 @@ report() {
   echo
   echo "## active messages, two tasks: same node (shm) vs different nodes (verbs over rxe0)"
   echo "# ami_send_lat t_typical [usec], ami_send_bw average [MiB/s]; server started by srun on node-a or node-b, client on node-a"
-  printf '%-13s %8s %14s %14s %12s\n' test bytes "same node" "two nodes" "two/same"
+  echo "# perftest: ib_send_lat / ib_send_bw (raw verbs SEND, ami_send_*'s twin) between the nodes, placed as ami's"
+  printf '%-13s %8s %14s %14s %12s %14s %14s\n' test bytes "same node" "two nodes" "two/same" "perftest" "two/perftest"
   for test in lat bw; do
     for size in $SIZES; do
       one=$(med "am/$test/same/$size")
       two=$(med "am/$test/two/$size")
-      printf '%-13s %8s %14s %14s %12s\n' "send_$test" "$size" "$(annotate "$one" "am/$test/same/$size")" \
-        "$(annotate "$two" "am/$test/two/$size")" "$(ratio "$two" "$one")"
+      pt=$(med "am/$test/perftest/$size")
+      printf '%-13s %8s %14s %14s %12s %14s %14s\n' "send_$test" "$size" "$(annotate "$one" "am/$test/same/$size")" \
+        "$(annotate "$two" "am/$test/two/$size")" "$(ratio "$two" "$one")" \
+        "$(annotate "$pt" "am/$test/perftest/$size")" "$(ratio "$two" "$pt")"
     done
   done
-  echo "# (latency: two/same above 1 is the cost of the network; bandwidth: below 1)"
+  echo "# (latency: two/same above 1 is the cost of the network; bandwidth: below 1."
+  echo "#  two/perftest: ami between the nodes against raw verbs on the same link)"
   echo
   echo "## collectives, 4 tasks on 2 nodes (srun --mpi=pmix -N 2 -n 4 --ntasks-per-node=2), usec per collective"
   echo "# ami: shm in a node, verbs over rxe0 between nodes; MPI: $(mpirun --version 2>/dev/null | head -1)"
@@ -284,6 +336,13 @@ write_dats() {
       echo "$size $(med "am/lat/same/$size") $(med "am/lat/two/$size") $(med "am/bw/same/$size") $(med "am/bw/two/$size")"
     done
   } >"$OUT_DIR/multinode_am.dat"
+  {
+    echo "# between the nodes: ami_send_* (verbs over rxe0) and perftest's ib_send_*: t_typical [usec], average [MiB/s]"
+    echo "bytes ami_lat_usec ib_send_lat_usec ami_bw_MiB/s ib_send_bw_MiB/s"
+    for size in $SIZES; do
+      echo "$size $(med "am/lat/two/$size") $(med "am/lat/perftest/$size") $(med "am/bw/two/$size") $(med "am/bw/perftest/$size")"
+    done
+  } >"$OUT_DIR/multinode_verbs.dat"
   local mpis=()
   while read -r line; do
     if [[ $line == "mpi "*" ok" ]]; then t=${line#mpi }; mpis+=("${t% ok}"); fi
@@ -316,6 +375,7 @@ host_main() {
   local start=$SECONDS
   ((ROUNDS >= 3)) || { echo "ROUNDS must be at least 3" >&2; exit 2; }
   command -v mpicc >/dev/null || { echo "no mpicc: apt-get install -y libopenmpi-dev openmpi-bin" >&2; exit 1; }
+  command -v ib_send_bw >/dev/null || { echo "no ib_send_bw: apt-get install -y perftest" >&2; exit 1; }
   # (mpicc can be there without the headers it compiles against)
   echo '#include <mpi.h>' | mpicc -E -x c - >/dev/null 2>&1 ||
     { echo "mpicc finds no mpi.h: apt-get install -y libopenmpi-dev" >&2; exit 1; }
@@ -331,7 +391,7 @@ host_main() {
   BUILD=$(cd "$BUILD" && pwd)
   mkdir -p "$OUT_DIR"
   OUT_DIR=$(cd "$OUT_DIR" && pwd)
-  rm -f "$OUT_DIR"/multinode{.txt,_am.dat,_am.png,_coll.dat,_coll.png}
+  rm -f "$OUT_DIR"/multinode{.txt,_am.dat,_am.png,_verbs.dat,_verbs.png,_coll.dat,_coll.png}
 
   local results rc=0
   results=$(mktemp -d)
@@ -355,6 +415,8 @@ host_main() {
   write_dats "$results"
   bench/plot.sh --pairs -t "ami active messages: one node (shm) vs two nodes (verbs over rxe)" \
     -y "latency [usec], bandwidth [MiB/s]" "$OUT_DIR/multinode_am.dat" "$OUT_DIR/multinode_am.png" || true
+  bench/plot.sh --pairs -t "between the nodes over rxe: ami vs perftest (ib_send_*)" \
+    -y "latency [usec], bandwidth [MiB/s]" "$OUT_DIR/multinode_verbs.dat" "$OUT_DIR/multinode_verbs.png" || true
   bench/plot.sh -t "allreduce, 4 tasks on 2 nodes: ami vs Open MPI" -y "latency [usec per allreduce]" \
     "$OUT_DIR/multinode_coll.dat" "$OUT_DIR/multinode_coll.png" || true
   [[ -s $results/samples ]] || exit 1

@@ -29,16 +29,15 @@ constexpr std::uint32_t kEagerBurst = 16;
 // And when the receiver is expected to stop the message at its first
 // packet (even a whole first packet leaves more than the crossover to come,
 // Lane::rdma_crossover() or AMI_RNDV_CROSSOVER, which the receiver judges
-// by too), they are paced by
-// their completions: beyond the first, one goes out only while fewer than
-// this many of the lane's descriptors injected since the first packet are
-// still on it (not passed by its transfer counter). The stop then finds the
-// rest unsent instead of a FIFO's worth of packets queued on a slow link,
-// which it cannot call back. Where packets leave at once (shm: into the
-// peer's ring) the window never fills: the lane's backlogged() paces them
-// instead (docs/DESIGN.md, "Method 2"). The
-// sender decides nothing by it: a receiver that does not stop gets every
-// byte eagerly all the same.
+// by too), they are paced by their completions: beyond the first, one goes
+// out only while fewer than this many of the lane's descriptors injected
+// since the first packet are still on it (not passed by its transfer
+// counter). The stop then finds the rest unsent instead of a FIFO's worth
+// of packets queued on a slow link, which it cannot call back. Where
+// packets leave at once (shm: into the peer's ring) the window never
+// fills: the lane's backlogged() paces them instead (docs/DESIGN.md,
+// "Method 2"). The sender decides nothing by it: a receiver that does not
+// stop gets every byte eagerly all the same.
 constexpr std::uint64_t kEagerWindow = 2;
 
 }  // namespace
