@@ -110,7 +110,7 @@ in_cluster() {
 # am_run same|two lat|bw SIZE: one server/client pair; the client's figure
 # goes to the samples as am/TEST/WHERE/SIZE.
 am_run() {
-  local where=$1 test=$2 size=$3 node host backend iters out server rc=0 value
+  local where=$1 test=$2 size=$3 node host backend iters out server rc=0
   case $where in
     same) node=node-a host=$NODE_A backend=shm ;;
     two) node=node-b host=$NODE_B backend=verbs ;;
@@ -124,21 +124,31 @@ am_run() {
   local spid=$!
   out=$(timeout "$RUN_TIMEOUT" taskset -c 1 "$BUILD/tools/ami_send_$test" "${args[@]}" "$host" 2>&1) || rc=$?
   wait "$spid" || rc=$?
-  # latency: t_typical; bandwidth: the average, from the message rate
-  # column while it has more digits than the MiB/s one.
-  value=$(awk -v s="$size" -v t="$test" '$1 == s && NF >= 5 {
-      if (t == "lat") print $5
-      else if ($4 >= 100) print $4
+  record "am/$test/$where/$size" "ami_send_$test $size B ($where)" "$rc" "$out" "$server"
+}
+
+# record KEY WHAT RC OUTPUT SERVER_FILE: the client's figure of a run (the
+# row of its size in the layout ami's tools share with perftest) into the
+# samples as KEY; a run that failed or printed no row goes to the log.
+# Latency: t_typical. Bandwidth: the average in MiB/s (perftest's MB are
+# 2^20 bytes too), or, below 10 MiB/s where that column keeps too few
+# digits, from the message rate.
+record() {
+  local key=$1 what=$2 rc=$3 out=$4 server=$5 size value
+  size=${key##*/}
+  value=$(awk -v s="$size" -v t="${key#am/}" '$1 == s && NF >= 5 {
+      if (t ~ /^lat/) print $5
+      else if ($4 >= 10) print $4
       else printf "%.6g\n", $5 * 1e6 * s / 1048576 }' <<<"$out")
   if ((rc != 0)) || [[ -z $value ]]; then
     {
-      echo "ami_send_$test $size B ($where): exit $rc"
+      echo "$what: exit $rc"
       tail -n 3 <<<"$out" | sed 's/^/  client: /'
       tail -n 3 "$server" | sed 's/^/  server: /'
     } | tee -a "$log" >&2
     return 0
   fi
-  echo "am/$test/$where/$size $value" >>"$samples"
+  echo "$key $value" >>"$samples"
 }
 
 # perftest_run lat|bw SIZE: perftest's two-sided twin of ami_send_TEST
@@ -150,7 +160,7 @@ am_run() {
 # coefficient", common in a TCG VM): a run it refused is tried again, at
 # most three times.
 perftest_run() {
-  local test=$1 size=$2 tool=ib_send_$1 iters out rc value extra=() _
+  local test=$1 size=$2 tool=ib_send_$1 iters out rc extra=() _
   iters=$(iters_for "$test" "$size")
   [[ $test == lat ]] && extra=(-F)  # no cpufreq in the VM: do not refuse over it
   for _ in 1 2 3; do
@@ -171,19 +181,7 @@ perftest_run() {
     grep -q "Correlation coefficient" <<<"$out" || break
     echo "# $tool $size B refused over its clock calibration; again" >&2
   done
-  # the same columns as ami's tools (perftest's own layout)
-  value=$(awk -v s="$size" -v t="$test" '$1 == s && NF >= 5 {
-      if (t == "lat") print $5
-      else printf "%.6g\n", $5 * 1e6 * s / 1048576 }' <<<"$out")
-  if ((rc != 0)) || [[ -z $value ]]; then
-    {
-      echo "$tool $size B (two nodes): exit $rc"
-      tail -n 3 <<<"$out" | sed 's/^/  client: /'
-      tail -n 3 "$results/server.out" | sed 's/^/  server: /'
-    } | tee -a "$log" >&2
-    return 0
-  fi
-  echo "am/$test/perftest/$size $value" >>"$samples"
+  record "am/$test/perftest/$size" "$tool $size B (two nodes)" "$rc" "$out" "$results/server.out"
 }
 
 # The environment that gives Open MPI its transport.
