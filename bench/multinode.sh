@@ -325,22 +325,24 @@ annotate() {  # annotate VALUE KEY: VALUE, with [n] when fewer than ROUNDS round
   if [[ $1 == n/a ]] || ((n >= ROUNDS)); then echo "$1"; else echo "$1 [$n]"; fi
 }
 
+# am_dat COMMENT HEADER A B: by size, the medians of latency at A and B,
+# then of bandwidth at A and B (WHERE of am/TEST/WHERE/SIZE), two pairs
+# for bench/plot.sh --pairs.
+am_dat() {
+  local size
+  echo "# $1"
+  echo "$2"
+  for size in $SIZES; do
+    echo "$size $(med "am/lat/$3/$size") $(med "am/lat/$4/$size") $(med "am/bw/$3/$size") $(med "am/bw/$4/$size")"
+  done
+}
+
 write_dats() {
   local results=$1 size t line
-  {
-    echo "# ami active messages, one node (shm) and two nodes (verbs over rxe0): send_lat t_typical [usec], send_bw average [MiB/s]"
-    echo "bytes lat_usec_one_node lat_usec_two_nodes bw_MiB/s_one_node bw_MiB/s_two_nodes"
-    for size in $SIZES; do
-      echo "$size $(med "am/lat/same/$size") $(med "am/lat/two/$size") $(med "am/bw/same/$size") $(med "am/bw/two/$size")"
-    done
-  } >"$OUT_DIR/multinode_am.dat"
-  {
-    echo "# between the nodes: ami_send_* (verbs over rxe0) and perftest's ib_send_*: t_typical [usec], average [MiB/s]"
-    echo "bytes ami_lat_usec ib_send_lat_usec ami_bw_MiB/s ib_send_bw_MiB/s"
-    for size in $SIZES; do
-      echo "$size $(med "am/lat/two/$size") $(med "am/lat/perftest/$size") $(med "am/bw/two/$size") $(med "am/bw/perftest/$size")"
-    done
-  } >"$OUT_DIR/multinode_verbs.dat"
+  am_dat "ami active messages, one node (shm) and two nodes (verbs over rxe0): send_lat t_typical [usec], send_bw average [MiB/s]" \
+    "bytes lat_usec_one_node lat_usec_two_nodes bw_MiB/s_one_node bw_MiB/s_two_nodes" same two >"$OUT_DIR/multinode_am.dat"
+  am_dat "between the nodes: ami_send_* (verbs over rxe0) and perftest's ib_send_*: t_typical [usec], average [MiB/s]" \
+    "bytes ami_lat_usec ib_send_lat_usec ami_bw_MiB/s ib_send_bw_MiB/s" two perftest >"$OUT_DIR/multinode_verbs.dat"
   local mpis=()
   while read -r line; do
     if [[ $line == "mpi "*" ok" ]]; then t=${line#mpi }; mpis+=("${t% ok}"); fi
